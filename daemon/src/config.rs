@@ -1,0 +1,282 @@
+//! `models.toml`: the model set, one `[[model]]` table per role.
+//!
+//! Errors name the file, the line and the key, because a newcomer's first failure is usually here.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}: {message}")]
+    Invalid { path: PathBuf, line: usize, message: String },
+    #[error("{path}: no model has role {role:?} (roles: {roles})")]
+    NoRole { path: PathBuf, role: String, roles: String },
+}
+
+/// Where a model runs. `auto` tries the NPU (HTP) and falls back to CPU; the choice and the reason
+/// are reported by status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Cpu,
+    Htp,
+    Auto,
+}
+
+/// Sampling defaults for a role; a request may override temperature, seed and max_tokens.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampling {
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: i32,
+    pub seed: u32,
+    pub max_tokens: u32,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 42,
+            max_tokens: 512,
+        }
+    }
+}
+
+/// One model role.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `thinker`, `guard`, … Unique in the file.
+    pub role: String,
+    /// Relative to the model cache, or absolute.
+    pub file: PathBuf,
+    #[serde(default = "d_n_ctx")]
+    pub n_ctx: u32,
+    #[serde(default = "d_n_batch")]
+    pub n_batch: u32,
+    #[serde(default = "d_n_batch")]
+    pub n_ubatch: u32,
+    /// Prompt tokens decoded between two cancel checks. Default: n_ubatch, which costs nothing
+    /// (llama.cpp splits a batch into ubatches anyway) and bounds cancel latency to one ubatch.
+    #[serde(default)]
+    pub prefill_chunk: Option<u32>,
+    #[serde(default = "d_threads")]
+    pub threads: u32,
+    #[serde(default = "d_backend")]
+    pub backend: Backend,
+    /// Off by default: with mmap the CPU backend repacks Q4_0/Q4_K weights into anonymous memory
+    /// while the mapped pages stay resident, nearly doubling RSS (FACTS.md, measured).
+    #[serde(default)]
+    pub mmap: bool,
+    /// Unload after this long idle; `never` keeps it loaded.
+    #[serde(default = "d_keep_alive", deserialize_with = "de_keep_alive")]
+    pub keep_alive: Option<Duration>,
+    /// Higher survives eviction longer.
+    #[serde(default = "d_priority")]
+    pub priority: u32,
+    /// Models whose template has a think block: false appends the empty block that turns it off.
+    #[serde(default)]
+    pub thinking: bool,
+    #[serde(default)]
+    pub sampling: Sampling,
+}
+
+fn d_n_ctx() -> u32 {
+    4096
+}
+fn d_n_batch() -> u32 {
+    512
+}
+fn d_threads() -> u32 {
+    std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(4)
+}
+fn d_backend() -> Backend {
+    Backend::Auto
+}
+fn d_keep_alive() -> Option<Duration> {
+    Some(Duration::from_secs(30 * 60))
+}
+fn d_priority() -> u32 {
+    50
+}
+
+fn de_keep_alive<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s == "never" {
+        return Ok(None);
+    }
+    humantime::parse_duration(&s)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("keep_alive {s:?}: {e} (e.g. \"30m\", \"90s\", \"never\")")))
+}
+
+impl ModelConfig {
+    pub fn prefill_chunk(&self) -> u32 {
+        self.prefill_chunk.unwrap_or(self.n_ubatch).max(1)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheSection {
+    dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    cache: CacheSection,
+    #[serde(default, rename = "model")]
+    models: Vec<Spanned<ModelConfig>>,
+}
+
+/// A parsed, checked model set.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    /// Where relative model files live.
+    pub cache_dir: PathBuf,
+    pub models: Vec<ModelConfig>,
+}
+
+/// The model cache: `$KAZEIA_MODELS`, else the config's `[cache] dir`, else ~/.cache/kazeia/models.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KAZEIA_MODELS") {
+        return PathBuf::from(dir);
+    }
+    dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("kazeia").join("models")
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Config::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let invalid = |line, message: String| ConfigError::Invalid { path: path.into(), line, message };
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of(text, s.start));
+            invalid(line, e.message().to_string())
+        })?;
+        let cache_dir = match (std::env::var_os("KAZEIA_MODELS"), raw.cache.dir) {
+            (Some(env), _) => PathBuf::from(env),
+            (None, Some(dir)) => expand_home(&dir),
+            (None, None) => default_cache_dir(),
+        };
+        let mut models: Vec<ModelConfig> = Vec::new();
+        for spanned in raw.models {
+            let line = line_of(text, spanned.span().start);
+            let m = spanned.into_inner();
+            let role = &m.role;
+            if models.iter().any(|o| &o.role == role) {
+                return Err(invalid(line, format!("key `role`: role {role:?} is defined twice")));
+            }
+            if m.role.is_empty() {
+                return Err(invalid(line, "key `role`: must not be empty".into()));
+            }
+            if m.n_ubatch > m.n_batch {
+                return Err(invalid(line, format!("model {role:?}: key `n_ubatch` ({}) must be <= n_batch ({})", m.n_ubatch, m.n_batch)));
+            }
+            if m.n_batch == 0 || m.n_ctx < 16 || m.threads == 0 {
+                return Err(invalid(line, format!("model {role:?}: keys `n_ctx`, `n_batch`, `threads` must be positive (n_ctx >= 16)")));
+            }
+            if !(0.0..=5.0).contains(&m.sampling.temperature) || !(0.0..=1.0).contains(&m.sampling.top_p) {
+                return Err(invalid(line, format!("model {role:?}: key `sampling`: temperature must be in 0..=5 and top_p in 0..=1")));
+            }
+            models.push(m);
+        }
+        Ok(Config { path: path.into(), cache_dir, models })
+    }
+
+    pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {
+        self.models.iter().find(|m| m.role == role).ok_or_else(|| ConfigError::NoRole {
+            path: self.path.clone(),
+            role: role.to_string(),
+            roles: self.models.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// The model file's full path.
+    pub fn model_path(&self, m: &ModelConfig) -> PathBuf {
+        let file = expand_home(&m.file);
+        if file.is_absolute() {
+            file
+        } else {
+            self.cache_dir.join(file)
+        }
+    }
+}
+
+fn expand_home(p: &Path) -> PathBuf {
+    match p.strip_prefix("~") {
+        Ok(rest) => dirs::home_dir().map_or_else(|| p.to_path_buf(), |h| h.join(rest)),
+        Err(_) => p.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("models.toml"), text)
+    }
+
+    #[test]
+    fn defaults_and_roles() {
+        let c = parse("[[model]]\nrole = \"thinker\"\nfile = \"a.gguf\"\n[model.sampling]\ntemperature = 0.0\n").unwrap();
+        let m = c.model("thinker").unwrap();
+        assert_eq!(m.n_ctx, 4096);
+        assert_eq!(m.prefill_chunk(), 512);
+        assert_eq!(m.sampling.temperature, 0.0);
+        assert_eq!(m.keep_alive, Some(Duration::from_secs(1800)));
+        assert!(!m.mmap);
+        let e = c.model("guard").unwrap_err().to_string();
+        assert!(e.contains("guard") && e.contains("thinker"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let e = parse("[[model]]\nrole = \"thinker\"\nfile = \"a.gguf\"\nn_ctxx = 5\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:") && e.contains("n_ctxx"), "{e}");
+        let e = parse("\n\n[[model]]\nrole = \"t\"\nfile = \"a\"\nn_batch = 128\nn_ubatch = 256\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:3:") && e.contains("n_ubatch"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\nbackend = \"gpu\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:4:") && e.contains("gpu"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\nkeep_alive = \"soon\"\n").unwrap_err().to_string();
+        assert!(e.contains("keep_alive"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[[model]]\nrole = \"t\"\nfile = \"b\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:4:") && e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn repo_model_files_parse() {
+        for f in ["models.toml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(f);
+            let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(c.model("thinker").is_ok() && c.model("guard").is_ok());
+        }
+    }
+}

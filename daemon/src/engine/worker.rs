@@ -1,0 +1,124 @@
+//! One thread per loaded role. It owns the role's llama.cpp context (which borrows the shared
+//! model) and serves requests from a bounded queue, one at a time.
+
+use std::num::NonZeroU32;
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use kazeia_pipelines::{GenEvent, GenerateRequest};
+use llama_cpp_2::context::params::LlamaContextParams;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::backend::backend;
+use super::error::{GenerateError, LoadError};
+use super::generate;
+use super::model::SharedModel;
+use crate::config::ModelConfig;
+
+/// llama.cpp mutates the model while creating a context (see llama-cpp-2's `new_context`):
+/// contexts of a shared model must be created one at a time.
+static CONTEXT_CREATION: Mutex<()> = Mutex::new(());
+
+pub struct Job {
+    pub request: GenerateRequest,
+    pub cancel: CancellationToken,
+    pub events: UnboundedSender<GenEvent>,
+    /// When the request was accepted: ttft counts queueing too.
+    pub submitted: Instant,
+}
+
+enum Msg {
+    Generate(Box<Job>),
+}
+
+/// The handle the engine keeps for a loaded role. Dropping it stops the thread after its
+/// current request (the queue sender closes) and waits for it.
+pub struct Worker {
+    role: String,
+    queue: Option<SyncSender<Msg>>,
+    capacity: usize,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Start the role's thread and create its context there. Returns once the context exists.
+    pub fn start(cfg: ModelConfig, model: Arc<SharedModel>, queue_capacity: usize) -> Result<Worker, LoadError> {
+        let (tx, rx) = mpsc::sync_channel::<Msg>(queue_capacity);
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LoadError>>();
+        let role = cfg.role.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("llm-{role}"))
+            .spawn(move || run(cfg, model, rx, ready_tx))
+            .map_err(|e| LoadError::Thread { role: role.clone(), reason: e.to_string() })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, thread: Some(thread) }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(LoadError::Thread { role, reason: "the thread ended before its context was ready".into() })
+            }
+        }
+    }
+
+    /// Queue a job; a full queue is refused at once (`busy`), never waited on.
+    pub fn submit(&self, job: Job) -> Result<(), GenerateError> {
+        let queue = self.queue.as_ref().ok_or_else(|| GenerateError::NoModel(self.role.clone()))?;
+        queue.try_send(Msg::Generate(Box::new(job))).map_err(|e| match e {
+            TrySendError::Full(_) => GenerateError::Busy { role: self.role.clone(), capacity: self.capacity },
+            TrySendError::Disconnected(_) => GenerateError::NoModel(self.role.clone()),
+        })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>) {
+    let ctx = {
+        let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(cfg.n_ctx))
+            .with_n_batch(cfg.n_batch)
+            .with_n_ubatch(cfg.n_ubatch)
+            .with_n_threads(cfg.threads as i32)
+            .with_n_threads_batch(cfg.threads as i32);
+        backend().and_then(|b| {
+            model.model.new_context(b, params).map_err(|e| LoadError::Context {
+                role: cfg.role.clone(),
+                path: model.path.display().to_string(),
+                reason: e.to_string(),
+            })
+        })
+    };
+    let mut ctx = match ctx {
+        Ok(ctx) => {
+            let _ = ready.send(Ok(()));
+            ctx
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    // The queue closes when the engine drops this role's Worker.
+    while let Ok(msg) = rx.recv() {
+        match msg {
+            Msg::Generate(job) => generate::run(&mut ctx, &model, &cfg, *job),
+        }
+    }
+    // The context (and with it, this role's KV and compute buffers) is freed here, before the
+    // model's last Arc may go.
+    drop(ctx);
+}

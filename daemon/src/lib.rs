@@ -1,0 +1,6 @@
+//! Kazeia daemon library: engine adapters, configuration and the CLI's building blocks.
+//! The `kazeia` binary (src/main.rs) is a thin front over this.
+
+pub mod cli;
+pub mod config;
+pub mod engine;

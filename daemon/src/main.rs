@@ -1,0 +1,14 @@
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = kazeia_daemon::cli::Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let code = rt.block_on(kazeia_daemon::cli::main(cli));
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    std::process::exit(code);
+}

@@ -1,0 +1,133 @@
+//! Pipeline files: a named list of stages. `kazeia run <name>` and a socket turn load the same
+//! definitions. The files in this crate's directory are built in; a directory given at run time
+//! (`--pipelines DIR`) can add or replace them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// The built-in pipeline files, compiled into the binary so `kazeia run chat` works anywhere.
+const BUILTIN: &[(&str, &str)] = &[("chat", include_str!("../chat.toml"))];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("unknown pipeline {name:?} (known: {known})")]
+    Unknown { name: String, known: String },
+    #[error("pipeline file {file}: {message}")]
+    Invalid { file: String, message: String },
+    #[error("cannot read pipeline directory {dir}: {source}")]
+    Io { dir: String, source: std::io::Error },
+}
+
+/// A stage kind. Each maps to one implementation in [`crate::stages`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Stage {
+    /// Generate a reply with the model of `role`, streaming tokens.
+    Think { role: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    #[serde(skip)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(rename = "stage")]
+    pub stages: Vec<Stage>,
+}
+
+impl Pipeline {
+    /// The model roles this pipeline needs loaded, in stage order, each once.
+    pub fn roles(&self) -> Vec<String> {
+        let mut roles: Vec<String> = Vec::new();
+        for s in &self.stages {
+            let Stage::Think { role } = s;
+            if !roles.contains(role) {
+                roles.push(role.clone());
+            }
+        }
+        roles
+    }
+
+    pub fn parse(name: &str, file: &str, text: &str) -> Result<Pipeline, PipelineError> {
+        let mut p: Pipeline =
+            toml::from_str(text).map_err(|e| PipelineError::Invalid { file: file.to_string(), message: e.to_string() })?;
+        if p.stages.is_empty() {
+            return Err(PipelineError::Invalid { file: file.to_string(), message: "no [[stage]]".into() });
+        }
+        p.name = name.to_string();
+        Ok(p)
+    }
+}
+
+/// All known pipelines by name.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    pipelines: BTreeMap<String, Pipeline>,
+}
+
+impl Registry {
+    /// The built-in pipelines.
+    pub fn builtin() -> Registry {
+        let pipelines = BUILTIN
+            .iter()
+            .map(|(name, text)| {
+                let p = Pipeline::parse(name, &format!("<builtin>/{name}.toml"), text).expect("built-in pipeline parses");
+                (name.to_string(), p)
+            })
+            .collect();
+        Registry { pipelines }
+    }
+
+    /// The built-ins plus every `*.toml` in `dir` (a file replaces the built-in of its name).
+    pub fn with_dir(dir: &Path) -> Result<Registry, PipelineError> {
+        let mut reg = Registry::builtin();
+        let io = |source| PipelineError::Io { dir: dir.display().to_string(), source };
+        for entry in std::fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+                continue;
+            }
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+            let text = std::fs::read_to_string(&path).map_err(io)?;
+            reg.pipelines.insert(name.clone(), Pipeline::parse(&name, &path.display().to_string(), &text)?);
+        }
+        Ok(reg)
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Pipeline, PipelineError> {
+        self.pipelines.get(name).ok_or_else(|| PipelineError::Unknown {
+            name: name.to_string(),
+            known: self.pipelines.keys().cloned().collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.pipelines.keys().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_parse() {
+        let reg = Registry::builtin();
+        let chat = reg.get("chat").unwrap();
+        assert_eq!(chat.stages, vec![Stage::Think { role: "thinker".into() }]);
+        let e = reg.get("nope").unwrap_err().to_string();
+        assert!(e.contains("nope") && e.contains("chat"), "{e}");
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let e = Pipeline::parse("x", "x.toml", "[[stage]]\nkind = \"dance\"\n").unwrap_err().to_string();
+        assert!(e.contains("x.toml") && e.contains("dance"), "{e}");
+        let e = Pipeline::parse("x", "x.toml", "description = \"d\"\nstage = []\n").unwrap_err().to_string();
+        assert!(e.contains("no [[stage]]"), "{e}");
+    }
+}

@@ -1,0 +1,83 @@
+//! What a pipeline needs from a language-model engine. The daemon implements it with llama.cpp;
+//! pipelines never link an engine themselves (data flows daemon → pipelines → engines).
+
+use std::time::Instant;
+
+use kazeia_ipc::{ErrorCode, Metrics, StopReason};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// One chat message, in the model's chat template's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        ChatMessage { role: role.to_string(), content: content.into() }
+    }
+}
+
+/// Per-request overrides of the role's configured sampling.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerateOptions {
+    pub temperature: Option<f32>,
+    pub seed: Option<u32>,
+    pub max_tokens: Option<u32>,
+    /// Keep generating past end-of-generation tokens (benchmarks need a fixed length).
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The model role from models.toml (`thinker`, `guard`, …).
+    pub role: String,
+    pub messages: Vec<ChatMessage>,
+    pub options: GenerateOptions,
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenSummary {
+    pub stop: StopReason,
+    pub metrics: Metrics,
+    /// Prompt tokens actually decoded (fewer than the prompt when cancelled during prefill).
+    pub prefilled_tokens: u32,
+}
+
+/// What the engine reports while it works. `at` is when the engine produced the event, so a
+/// caller can tell what happened before and after a cancel without trusting channel latency.
+#[derive(Debug, Clone)]
+pub enum GenEvent {
+    /// A prefill chunk finished: `done` of `total` prompt tokens are in the context.
+    Prefill { done: u32, total: u32, at: Instant },
+    Token { text: String, at: Instant },
+    Finished(Result<GenSummary, LlmError>),
+}
+
+/// An engine failure with a stable code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct LlmError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl LlmError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        LlmError { code, message: message.into() }
+    }
+}
+
+/// A language-model engine. `generate` returns at once; the work runs on the engine's threads and
+/// reports through the channel, ending with exactly one [`GenEvent::Finished`]. Cancelling the
+/// token stops it within one prefill chunk or one generated token.
+pub trait Llm: Send + Sync {
+    fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<mpsc::UnboundedReceiver<GenEvent>, LlmError>;
+}
