@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kazeia_ipc::{ErrorCode, Event, StopReason};
+use kazeia_ipc::{Client, ClientError, ErrorCode, Event, Incoming, Request, StopReason, TurnOptions};
 use kazeia_pipelines::{run_turn, Engines, GenerateOptions, LlmError, Registry, TurnInput};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +25,65 @@ pub struct Cli {
 pub enum Command {
     /// Run a pipeline once, in this process, and stream its output.
     Run(RunArgs),
+    /// Start the supervisor daemon on a Unix socket.
+    Serve(ServeArgs),
+    /// Ask the running daemon: one turn, streamed.
+    Ask(AskArgs),
+    /// Show the daemon's models, where they run, and its load.
+    Status(ClientArgs),
+    /// Cancel a running request by its id (as printed by `ask`).
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Load a model role in the daemon.
+    Load {
+        role: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Unload a model role from the daemon.
+    Unload {
+        role: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Socket path (default: [daemon] socket in the config, else $XDG_RUNTIME_DIR/kazeia/engine.sock).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The daemon's socket.
+    #[arg(long, env = "KAZEIA_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AskArgs {
+    /// The user's text.
+    pub text: String,
+    #[arg(long, default_value = "chat")]
+    pub pipeline: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub seed: Option<u32>,
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +148,13 @@ impl Printer {
                 let _ = out.flush();
                 eprintln!("error [{code}]: {message}");
             }
+            Event::Accepted { id, .. } => eprintln!("[request {id}]"),
+            Event::Verdict { stage, label, ms, .. } => eprintln!("[{stage} guard: {label}, {ms:.0} ms]"),
+            Event::Transcript { text, .. } => eprintln!("[heard: {text}]"),
+            Event::Sentence { .. } | Event::LoadProgress { .. } | Event::Welcome { .. } => {}
+            Event::Loaded { role, .. } => eprintln!("loaded {role}"),
+            Event::Unloaded { role, .. } => eprintln!("unloaded {role}"),
+            Event::Status { status, .. } => print_status(status),
         }
     }
 
@@ -101,6 +167,154 @@ impl Printer {
 pub async fn main(cli: Cli) -> i32 {
     match cli.command {
         Command::Run(args) => run(args).await,
+        Command::Serve(args) => serve(args).await,
+        Command::Ask(args) => ask(args).await,
+        Command::Status(c) => simple(c, |id| Request::Status { id }).await,
+        Command::Cancel { id, client } => cancel(client, id).await,
+        Command::Load { role, client } => simple(client, |id| Request::Load { id, role }).await,
+        Command::Unload { role, client } => simple(client, |id| Request::Unload { id, role }).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> i32 {
+    let config = match Config::load(&args.common.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kazeia serve: {e}");
+            return 2;
+        }
+    };
+    let registry = match &args.common.pipelines {
+        Some(dir) => Registry::with_dir(dir),
+        None => Ok(Registry::builtin()),
+    };
+    let registry = match registry {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kazeia serve: {e}");
+            return 2;
+        }
+    };
+    match crate::server::serve(config, registry, args.socket).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("kazeia serve: {e}");
+            1
+        }
+    }
+}
+
+async fn connect(args: &ClientArgs, printer: &Printer) -> Option<Client> {
+    let path = args.socket.clone().unwrap_or_else(crate::server::default_path);
+    match Client::connect(&path, "cli").await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            let code = match &e {
+                ClientError::Refused { code, .. } => *code,
+                _ => ErrorCode::Engine,
+            };
+            printer.error(code, e.to_string());
+            None
+        }
+    }
+}
+
+/// Print a request's events until its final one. Returns the exit code.
+async fn follow(printer: &Printer, mut rx: mpsc::UnboundedReceiver<Incoming>, is_final: impl Fn(&Event) -> bool) -> i32 {
+    while let Some(item) = rx.recv().await {
+        if let Incoming::Event(ev) = item {
+            printer.event(&ev);
+            if let Event::Error { .. } = ev {
+                return 1;
+            }
+            if is_final(&ev) {
+                return 0;
+            }
+        }
+    }
+    printer.error(ErrorCode::Engine, "the daemon closed the connection".into());
+    1
+}
+
+async fn ask(args: AskArgs) -> i32 {
+    let printer = Printer { json: args.client.json };
+    let Some(client) = connect(&args.client, &printer).await else { return 1 };
+    let id = client.new_id();
+    let options = TurnOptions { temperature: args.temperature, seed: args.seed, max_tokens: args.max_tokens };
+    let rx = match client.turn(&id, &args.pipeline, &args.text, options).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            return 1;
+        }
+    };
+    // Ctrl-C cancels the turn in the daemon, then we wait for its `done`.
+    let client = std::sync::Arc::new(client);
+    let c2 = client.clone();
+    let id2 = id.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = c2.cancel(&id2).await;
+        }
+    });
+    follow(&printer, rx, |ev| matches!(ev, Event::Done { .. })).await
+}
+
+async fn simple(args: ClientArgs, make: impl FnOnce(String) -> Request) -> i32 {
+    let printer = Printer { json: args.json };
+    let Some(client) = connect(&args, &printer).await else { return 1 };
+    let rx = match client.send(make(client.new_id())).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            return 1;
+        }
+    };
+    follow(&printer, rx, |ev| matches!(ev, Event::Status { .. } | Event::Loaded { .. } | Event::Unloaded { .. })).await
+}
+
+async fn cancel(args: ClientArgs, id: String) -> i32 {
+    let printer = Printer { json: args.json };
+    let Some(client) = connect(&args, &printer).await else { return 1 };
+    let mut rx = match client.send(Request::Cancel { id: id.clone() }).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            return 1;
+        }
+    };
+    // A cancel has no answer of its own unless it fails: wait briefly for an error.
+    match tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+        Ok(Some(Incoming::Event(ev @ Event::Error { .. }))) => {
+            printer.event(&ev);
+            1
+        }
+        _ => {
+            if !printer.json {
+                eprintln!("cancelled {id}");
+            }
+            0
+        }
+    }
+}
+
+fn print_status(s: &kazeia_ipc::StatusReport) {
+    println!("{} (protocol {}), pid {}, up {:.0} s, {} connection(s), {} turn(s) running", s.server, s.protocol, s.pid, s.uptime_s, s.connections, s.turns_running);
+    println!("pipelines: {}", s.pipelines.join(", "));
+    println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "role", "state", "device", "MiB", "busy", "file / placement");
+    for m in &s.models {
+        let mib = m.file_bytes.map(|b| format!("{:.1}", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
+        let state = format!("{:?}", m.state).to_lowercase();
+        println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", m.role, state, m.device.as_deref().unwrap_or("-"), mib, m.busy, m.file);
+        if let Some(p) = &m.placement {
+            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "", "", "", "", "", p);
+        }
+        if !m.shares_model_with.is_empty() {
+            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  shares its model with {}", "", "", "", "", "", m.shares_model_with.join(", "));
+        }
+        if let Some(e) = &m.error {
+            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  error: {e}", "", "", "", "", "");
+        }
     }
 }
 

@@ -28,6 +28,16 @@ pub enum Backend {
     Auto,
 }
 
+/// llama.cpp's flash-attention policy for a role's context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlashAttn {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
 /// Sampling defaults for a role; a request may override temperature, seed and max_tokens.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -94,6 +104,8 @@ pub struct ModelConfig {
     #[serde(default)]
     pub thinking: bool,
     #[serde(default)]
+    pub flash_attn: FlashAttn,
+    #[serde(default)]
     pub sampling: Sampling,
 }
 
@@ -138,11 +150,53 @@ struct CacheSection {
     dir: Option<PathBuf>,
 }
 
+/// `[daemon]`: the socket server's settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// Socket path; default `$XDG_RUNTIME_DIR/kazeia/engine.sock`.
+    pub socket: Option<PathBuf>,
+    /// Peer uids allowed to connect; empty means the daemon's own uid only.
+    pub allow_uids: Vec<u32>,
+    /// Largest frame accepted, bytes.
+    pub max_frame: usize,
+    /// Frames buffered per connection before a slow reader is disconnected.
+    pub connection_buffer: usize,
+    /// Requests a role queues beyond the running one before `busy`.
+    pub queue_per_model: usize,
+    /// How long running turns may finish after SIGTERM before they are cancelled.
+    #[serde(deserialize_with = "de_duration")]
+    pub shutdown_grace: Duration,
+    /// Load every configured LLM role when the daemon starts (else on first use).
+    pub preload: bool,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            socket: None,
+            allow_uids: Vec::new(),
+            max_frame: 1 << 20,
+            connection_buffer: 1024,
+            queue_per_model: 8,
+            shutdown_grace: Duration::from_secs(10),
+            preload: true,
+        }
+    }
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e} (e.g. \"10s\")")))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
     #[serde(default)]
     cache: CacheSection,
+    #[serde(default)]
+    daemon: DaemonConfig,
     #[serde(default, rename = "model")]
     models: Vec<Spanned<ModelConfig>>,
 }
@@ -153,6 +207,7 @@ pub struct Config {
     pub path: PathBuf,
     /// Where relative model files live.
     pub cache_dir: PathBuf,
+    pub daemon: DaemonConfig,
     pub models: Vec<ModelConfig>,
 }
 
@@ -178,7 +233,17 @@ impl Config {
         let invalid = |line, message: String| ConfigError::Invalid { path: path.into(), line, message };
         let raw: RawFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(text, s.start));
-            invalid(line, e.message().to_string())
+            // Name the key when the error points at a `key = value` line.
+            let key = text
+                .lines()
+                .nth(line.saturating_sub(1))
+                .and_then(|l| l.split_once('='))
+                .map(|(k, _)| k.trim())
+                .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)));
+            match key {
+                Some(k) if !e.message().contains(k) => invalid(line, format!("key `{k}`: {}", e.message())),
+                _ => invalid(line, e.message().to_string()),
+            }
         })?;
         let cache_dir = match (std::env::var_os("KAZEIA_MODELS"), raw.cache.dir) {
             (Some(env), _) => PathBuf::from(env),
@@ -207,7 +272,11 @@ impl Config {
             }
             models.push(m);
         }
-        Ok(Config { path: path.into(), cache_dir, models })
+        let daemon = raw.daemon;
+        if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
+            return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
+        }
+        Ok(Config { path: path.into(), cache_dir, daemon, models })
     }
 
     pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {

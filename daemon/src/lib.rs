@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod server;

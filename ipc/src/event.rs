@@ -28,10 +28,134 @@ pub enum StopReason {
     Cancelled,
 }
 
+/// Limits the daemon enforces, announced in `welcome`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Largest frame accepted, in bytes (kind byte included).
+    pub max_frame: usize,
+    /// Requests a model role queues beyond the running one before answering `busy`.
+    pub queue_per_model: usize,
+    /// Frames buffered for a connection that reads too slowly before it is closed.
+    pub connection_buffer: usize,
+}
+
+/// State of one configured model role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelState {
+    Unloaded,
+    Loading,
+    Loaded,
+    Failed,
+}
+
+/// One configured model role, as status reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    pub role: String,
+    pub state: ModelState,
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_bytes: Option<u64>,
+    /// Where it runs: `cpu` or `htp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Why it runs there (e.g. the CPU fallback reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares_model_with: Vec<String>,
+    /// Requests running or waiting for this role.
+    #[serde(default)]
+    pub busy: u32,
+    /// Load progress 0..=1 while loading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<f32>,
+    /// Last load error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The daemon's state, answered to `status` and pushed to subscribers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub server: String,
+    pub protocol: u32,
+    pub pid: u32,
+    pub uptime_s: f64,
+    pub connections: u32,
+    pub turns_running: u32,
+    pub pipelines: Vec<String>,
+    pub models: Vec<ModelStatus>,
+}
+
 /// One event. Serialized with a `type` tag, e.g. `{"type":"token","text":"Paris"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
+    /// Answer to `hello`.
+    Welcome {
+        protocol: u32,
+        server: String,
+        capabilities: Vec<String>,
+        limits: Limits,
+    },
+    /// The turn `id` was admitted and will run.
+    Accepted {
+        id: String,
+        pipeline: String,
+    },
+    /// A model role is loading (for a `load` request, or for a turn that needs it).
+    LoadProgress {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        role: String,
+        progress: f32,
+    },
+    /// A role finished loading.
+    Loaded {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        role: String,
+    },
+    /// A role was unloaded.
+    Unloaded {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        role: String,
+    },
+    /// Answer to `status`; also pushed to subscribers when something changes.
+    Status {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        status: StatusReport,
+    },
+    /// A guard's decision on the input (`stage` = input) or on a sentence of the reply (output).
+    Verdict {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        stage: String,
+        label: String,
+        #[serde(default)]
+        categories: Vec<String>,
+        ms: f64,
+    },
+    /// A sentence of the reply, released after the output guard passed it.
+    Sentence {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        text: String,
+    },
+    /// What speech-to-text heard.
+    Transcript {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        language: Option<String>,
+    },
     /// A piece of generated text, in order; concatenated they are the reply.
     Token {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +200,48 @@ pub enum ErrorCode {
     BadRequest,
     /// The model's queue is full; retry later. Answered at once, never by blocking.
     Busy,
+    /// A JSON frame that does not parse.
+    BadJson,
+    /// A JSON frame with an unknown `type`.
+    UnknownType,
+    /// A frame over the size limit; the connection is closed after this error.
+    FrameTooLarge,
+    /// A frame that is not JSON or audio, or a malformed audio header.
+    BadFrame,
+    /// `hello` with a protocol version the daemon does not speak; the connection is closed.
+    ProtocolVersion,
+    /// A request before `hello`.
+    HandshakeRequired,
+    /// An audio frame whose id names no running audio turn.
+    NoAudioRequest,
+    /// `cancel` of an id that is not running.
+    UnknownRequest,
+    /// A request id already in use by a running request of this connection.
+    DuplicateId,
+    /// The peer's uid is not allowed; the connection is closed.
+    PermissionDenied,
+    /// The daemon is shutting down and takes no new work.
+    ShuttingDown,
+}
+
+impl Event {
+    /// The request id this event answers, if any.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Event::Welcome { .. } => None,
+            Event::Accepted { id, .. } => Some(id),
+            Event::LoadProgress { id, .. }
+            | Event::Loaded { id, .. }
+            | Event::Unloaded { id, .. }
+            | Event::Status { id, .. }
+            | Event::Verdict { id, .. }
+            | Event::Sentence { id, .. }
+            | Event::Transcript { id, .. }
+            | Event::Token { id, .. }
+            | Event::Done { id, .. }
+            | Event::Error { id, .. } => id.as_deref(),
+        }
+    }
 }
 
 impl ErrorCode {
@@ -90,6 +256,17 @@ impl ErrorCode {
             ErrorCode::Pipeline => "pipeline",
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Busy => "busy",
+            ErrorCode::BadJson => "bad_json",
+            ErrorCode::UnknownType => "unknown_type",
+            ErrorCode::FrameTooLarge => "frame_too_large",
+            ErrorCode::BadFrame => "bad_frame",
+            ErrorCode::ProtocolVersion => "protocol_version",
+            ErrorCode::HandshakeRequired => "handshake_required",
+            ErrorCode::NoAudioRequest => "no_audio_request",
+            ErrorCode::UnknownRequest => "unknown_request",
+            ErrorCode::DuplicateId => "duplicate_id",
+            ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -116,7 +293,7 @@ mod tests {
         let done = Event::Done { id: None, stop: StopReason::Eos, metrics: Metrics::default() };
         let back: Event = serde_json::from_str(&serde_json::to_string(&done).unwrap()).unwrap();
         assert_eq!(back, done);
-        for code in [ErrorCode::BadConfig, ErrorCode::ContextOverflow, ErrorCode::NoModel] {
+        for code in [ErrorCode::BadConfig, ErrorCode::ContextOverflow, ErrorCode::NoModel, ErrorCode::ProtocolVersion, ErrorCode::NoAudioRequest] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
         }
     }

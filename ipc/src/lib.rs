@@ -1,6 +1,12 @@
-//! The Kazeia protocol: message types shared by the daemon, the CLI and clients.
-//! Dependency-light on purpose: an app team can vendor it.
+//! The Kazeia protocol: message types, framing and an async client, shared by the daemon, the
+//! CLI and app clients. Dependency-light on purpose. The wire format is in docs/PROTOCOL.md.
 
+pub mod client;
 pub mod event;
+pub mod frame;
+pub mod request;
 
-pub use event::{ErrorCode, Event, Metrics, StopReason};
+pub use client::{Client, ClientError, Incoming};
+pub use event::{ErrorCode, Event, Limits, Metrics, ModelState, ModelStatus, StatusReport, StopReason};
+pub use frame::{AudioFrame, Frame, FrameCodec, FrameError, MAX_FRAME};
+pub use request::{AudioSpec, Request, TurnOptions, PROTOCOL_VERSION};

@@ -50,6 +50,7 @@ async fn greedy_answer_names_paris() {
             Event::Token { text, .. } => reply.push_str(&text),
             Event::Done { stop, metrics, .. } => done = Some((stop, metrics)),
             Event::Error { message, .. } => panic!("{message}"),
+            other => panic!("the chat pipeline sent {other:?}"),
         }
     }
     let (stop, m) = done.expect("done event");
@@ -180,8 +181,8 @@ async fn unknown_role_and_context_overflow_are_clear_errors() {
     assert_eq!(e.code, ErrorCode::NoModel);
     assert!(e.message.contains("ghost"));
 
-    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 64"), "thinker").unwrap();
-    let rx = engine.generate(req("thinker", &"word ".repeat(200), GenerateOptions::default()), CancellationToken::new()).unwrap();
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 256"), "thinker").unwrap();
+    let rx = engine.generate(req("thinker", &"word ".repeat(1000), GenerateOptions::default()), CancellationToken::new()).unwrap();
     let mut rx = rx;
     let err = loop {
         if let GenEvent::Finished(r) = rx.recv().await.unwrap() {

@@ -1,1 +1,143 @@
-fn main(){}
+//! bench-engine: prefill and decode speed through our engine against llama.cpp's own
+//! `llama-bench`, same GGUF, same threads and batch sizes, alternated in one run; medians.
+//!
+//! Run it through `tools/bench-engine`, which builds llama-bench from the same llama.cpp tree.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use kazeia_daemon::config::Config;
+use kazeia_daemon::engine::Engine;
+use kazeia_pipelines::{ChatMessage, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "models.toml")]
+    config: PathBuf,
+    #[arg(long, default_value = "thinker")]
+    role: String,
+    /// Path of the llama-bench binary.
+    #[arg(long)]
+    llama_bench: PathBuf,
+    /// Where llama-bench's sources came from, printed with the results.
+    #[arg(long, default_value = "")]
+    reference: String,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Prompt tokens for the prefill test.
+    #[arg(long, default_value_t = 512)]
+    pp: u32,
+    /// Generated tokens for the decode test.
+    #[arg(long, default_value_t = 128)]
+    tg: u32,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> Result<GenSummary> {
+    let req = GenerateRequest { role: role.into(), messages: vec![ChatMessage::new("user", text)], options: opts };
+    let mut rx = engine.generate(req, CancellationToken::new()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    loop {
+        match rx.blocking_recv() {
+            Some(GenEvent::Finished(r)) => return r.map_err(|e| anyhow::anyhow!("{e}")),
+            Some(_) => {}
+            None => bail!("engine stopped"),
+        }
+    }
+}
+
+/// One llama-bench run: (prefill tok/s, decode tok/s).
+fn llama_bench(bin: &PathBuf, model: &PathBuf, threads: u32, n_batch: u32, n_ubatch: u32, pp: u32, tg: u32) -> Result<(f64, f64)> {
+    let out = Command::new(bin)
+        .args(["-m", &model.display().to_string(), "-t", &threads.to_string(), "-p", &pp.to_string(), "-n", &tg.to_string()])
+        .args(["-b", &n_batch.to_string(), "-ub", &n_ubatch.to_string(), "-r", "1", "-o", "json", "-ngl", "0"])
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!("llama-bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("llama-bench JSON")?;
+    let mut pp_ts = None;
+    let mut tg_ts = None;
+    for t in v.as_array().context("llama-bench output is not an array")? {
+        let ts = t["avg_ts"].as_f64().context("avg_ts")?;
+        if t["n_prompt"].as_u64() == Some(u64::from(pp)) && t["n_gen"].as_u64() == Some(0) {
+            pp_ts = Some(ts);
+        } else if t["n_gen"].as_u64() == Some(u64::from(tg)) && t["n_prompt"].as_u64() == Some(0) {
+            tg_ts = Some(ts);
+        }
+    }
+    Ok((pp_ts.context("no pp result")?, tg_ts.context("no tg result")?))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let config = Config::load(&args.config)?;
+    let cfg = config.model(&args.role)?.clone();
+    let path = config.model_path(&cfg);
+    let engine = Engine::new();
+    engine.load(&cfg, path.clone(), Box::new(|_| {}))?;
+
+    // Size a chat prompt to just under `pp` tokens (templating adds a few).
+    let unit = "The quick brown fox jumps over the lazy dog. ";
+    let one = |k: usize| -> Result<u32> {
+        Ok(generate(&engine, &args.role, &unit.repeat(k), GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() })?.metrics.prompt_tokens)
+    };
+    let (p10, p20) = (one(10)?, one(20)?);
+    let per = f64::from(p20 - p10) / 10.0;
+    let base = f64::from(p10) - 10.0 * per;
+    let k = ((f64::from(args.pp) - base) / per).floor().max(1.0) as usize;
+    let prompt = unit.repeat(k);
+
+    let prefill_opts = GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() };
+    let decode_opts = GenerateOptions { max_tokens: Some(args.tg), temperature: Some(0.0), ignore_eos: true, ..Default::default() };
+    // Warm-up, as llama-bench does before it measures.
+    // Both sides prefill exactly this many tokens.
+    let prompt_tokens = generate(&engine, &args.role, &prompt, prefill_opts.clone())?.metrics.prompt_tokens;
+    generate(&engine, &args.role, "Hi", GenerateOptions { max_tokens: Some(8), ..decode_opts.clone() })?;
+
+    println!("model: {} ({} threads, n_batch {}, n_ubatch {})", path.display(), cfg.threads, cfg.n_batch, cfg.n_ubatch);
+    println!("reference: {} {}", args.llama_bench.display(), args.reference);
+    println!("{:>4} {:>12} {:>12} {:>12} {:>12} {:>10}", "rep", "ours pp t/s", "ref pp t/s", "ours tg t/s", "ref tg t/s", "ours ttft");
+    let (mut opp, mut rpp, mut otg, mut rtg, mut ttft) = (vec![], vec![], vec![], vec![], vec![]);
+    let started = Instant::now();
+    for rep in 0..args.reps {
+        // Alternate who goes first, so drift on a shared machine hits both sides alike.
+        let ours = |opp: &mut Vec<f64>, otg: &mut Vec<f64>, ttft: &mut Vec<f64>| -> Result<()> {
+            let p = generate(&engine, &args.role, &prompt, prefill_opts.clone())?;
+            opp.push(p.metrics.prefill_tok_s);
+            ttft.push(p.metrics.ttft_ms);
+            let d = generate(&engine, &args.role, "Hi", decode_opts.clone())?;
+            otg.push(d.metrics.decode_tok_s);
+            Ok(())
+        };
+        if rep % 2 == 0 {
+            ours(&mut opp, &mut otg, &mut ttft)?;
+        }
+        let (p, t) = llama_bench(&args.llama_bench, &path, cfg.threads, cfg.n_batch, cfg.n_ubatch, prompt_tokens, args.tg)?;
+        rpp.push(p);
+        rtg.push(t);
+        if rep % 2 == 1 {
+            ours(&mut opp, &mut otg, &mut ttft)?;
+        }
+        println!("{rep:>4} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>8.0}ms", opp[rep], rpp[rep], otg[rep], rtg[rep], ttft[rep]);
+    }
+    let (mopp, mrpp, motg, mrtg) = (median(&mut opp), median(&mut rpp), median(&mut otg), median(&mut rtg));
+    println!(
+        "median over {} reps ({:.0} s): prefill {prompt_tokens} tokens ours {mopp:.1} vs llama-bench {mrpp:.1} tok/s; decode {} tokens ours {motg:.1} vs llama-bench {mrtg:.1} tok/s; ours ttft {:.0} ms",
+        args.reps,
+        started.elapsed().as_secs_f64(),
+        args.tg,
+        median(&mut ttft)
+    );
+    println!("engine/llama-bench decode={:.3} prefill={:.3}", motg / mrtg, mopp / mrpp);
+    Ok(())
+}

@@ -99,7 +99,7 @@ impl Engine {
                 m
             }
         };
-        let worker = Worker::start(cfg.clone(), model.clone(), self.queue_capacity.unwrap_or(DEFAULT_QUEUE))?;
+        let worker = Worker::start(cfg.clone(), model.clone(), self.queue_capacity())?;
         self.inner
             .roles
             .lock()
@@ -117,6 +117,16 @@ impl Engine {
         drop(removed.model);
         self.inner.models.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, w| w.strong_count() > 0);
         true
+    }
+
+    /// Requests queued or running on `role` (None when not loaded).
+    pub fn pending(&self, role: &str) -> Option<usize> {
+        self.inner.roles.lock().unwrap_or_else(|p| p.into_inner()).get(role).map(|r| r.worker.pending())
+    }
+
+    /// How many requests a role queues beyond the running one.
+    pub fn queue_capacity(&self) -> usize {
+        self.queue_capacity.unwrap_or(DEFAULT_QUEUE)
     }
 
     pub fn loaded_roles(&self) -> Vec<String> {

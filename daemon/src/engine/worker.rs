@@ -3,6 +3,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -16,7 +17,7 @@ use super::backend::backend;
 use super::error::{GenerateError, LoadError};
 use super::generate;
 use super::model::SharedModel;
-use crate::config::ModelConfig;
+use crate::config::{FlashAttn, ModelConfig};
 
 /// llama.cpp mutates the model while creating a context (see llama-cpp-2's `new_context`):
 /// contexts of a shared model must be created one at a time.
@@ -40,6 +41,8 @@ pub struct Worker {
     role: String,
     queue: Option<SyncSender<Msg>>,
     capacity: usize,
+    /// Requests queued or running.
+    pending: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -49,12 +52,14 @@ impl Worker {
         let (tx, rx) = mpsc::sync_channel::<Msg>(queue_capacity);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LoadError>>();
         let role = cfg.role.clone();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let thread_pending = pending.clone();
         let thread = std::thread::Builder::new()
             .name(format!("llm-{role}"))
-            .spawn(move || run(cfg, model, rx, ready_tx))
+            .spawn(move || run(cfg, model, rx, ready_tx, thread_pending))
             .map_err(|e| LoadError::Thread { role: role.clone(), reason: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, thread: Some(thread) }),
+            Ok(Ok(())) => Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, pending, thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -69,10 +74,21 @@ impl Worker {
     /// Queue a job; a full queue is refused at once (`busy`), never waited on.
     pub fn submit(&self, job: Job) -> Result<(), GenerateError> {
         let queue = self.queue.as_ref().ok_or_else(|| GenerateError::NoModel(self.role.clone()))?;
-        queue.try_send(Msg::Generate(Box::new(job))).map_err(|e| match e {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        queue.try_send(Msg::Generate(Box::new(job))).map_err(|e| {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            e
+        }).map_err(|e| match e {
             TrySendError::Full(_) => GenerateError::Busy { role: self.role.clone(), capacity: self.capacity },
             TrySendError::Disconnected(_) => GenerateError::NoModel(self.role.clone()),
         })
+    }
+}
+
+impl Worker {
+    /// Requests queued or running on this role.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
     }
 }
 
@@ -85,7 +101,7 @@ impl Drop for Worker {
     }
 }
 
-fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>) {
+fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>, pending: Arc<AtomicUsize>) {
     let ctx = {
         let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
         let params = LlamaContextParams::default()
@@ -93,7 +109,12 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
             .with_n_batch(cfg.n_batch)
             .with_n_ubatch(cfg.n_ubatch)
             .with_n_threads(cfg.threads as i32)
-            .with_n_threads_batch(cfg.threads as i32);
+            .with_n_threads_batch(cfg.threads as i32)
+            .with_flash_attention_policy(match cfg.flash_attn {
+                FlashAttn::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
+                FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                FlashAttn::Off => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            });
         backend().and_then(|b| {
             model.model.new_context(b, params).map_err(|e| LoadError::Context {
                 role: cfg.role.clone(),
@@ -115,7 +136,10 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
     // The queue closes when the engine drops this role's Worker.
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Generate(job) => generate::run(&mut ctx, &model, &cfg, *job),
+            Msg::Generate(job) => {
+                generate::run(&mut ctx, &model, &cfg, *job);
+                pending.fetch_sub(1, Ordering::SeqCst);
+            }
         }
     }
     // The context (and with it, this role's KV and compute buffers) is freed here, before the

@@ -1,0 +1,303 @@
+//! One client connection: peer check, handshake, then requests until the client goes away.
+//!
+//! Outgoing frames pass through a bounded buffer; a client that does not read fast enough to keep
+//! it from filling is disconnected (the engine is never made to wait for a socket). When a
+//! connection ends for any reason, every turn it started is cancelled.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use kazeia_ipc::{Event, ErrorCode, Frame, FrameCodec, FrameError, Limits, Request, PROTOCOL_VERSION};
+use kazeia_pipelines::{run_turn, Engines, GenerateOptions, TurnInput};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+
+use super::supervisor::{Supervisor, TurnEntry};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TYPES: &[&str] = &["hello", "turn", "cancel", "status", "load", "unload", "subscribe"];
+
+/// The sending half of a connection, shared by its tasks.
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<Frame>,
+    /// Cancelled when the buffer overflowed: the connection must close.
+    overflow: CancellationToken,
+    conn: u64,
+}
+
+impl Outbox {
+    fn send(&self, ev: &Event) {
+        self.send_frame(Frame::event(ev));
+    }
+
+    fn send_frame(&self, f: Frame) {
+        match self.tx.try_send(f) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                if !self.overflow.is_cancelled() {
+                    tracing::warn!(conn = self.conn, "client reads too slowly: its buffer of frames is full, closing the connection");
+                    self.overflow.cancel();
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    fn error(&self, id: Option<String>, code: ErrorCode, message: impl Into<String>) {
+        self.send(&Event::Error { id, code, message: message.into() });
+    }
+}
+
+/// Counts the connection while it lives.
+struct Counted(Arc<Supervisor>);
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: CancellationToken) {
+    let conn = sup.next_conn_id();
+    let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+    let own = unsafe { libc::geteuid() };
+    let allowed = if sup.config.daemon.allow_uids.is_empty() { uid == own } else { sup.config.daemon.allow_uids.contains(&uid) };
+    let max_frame = sup.config.daemon.max_frame;
+    let mut framed = Framed::new(stream, FrameCodec::new(max_frame));
+    if !allowed {
+        tracing::warn!(conn, uid, "refused a peer whose uid is not allowed");
+        let ev = Event::Error { id: None, code: ErrorCode::PermissionDenied, message: format!("uid {uid} may not use this daemon") };
+        let _ = framed.send(Frame::event(&ev)).await;
+        return;
+    }
+    sup.connections.fetch_add(1, Ordering::Relaxed);
+    let _counted = Counted(sup.clone());
+
+    // Handshake: the first frame must be a hello with our protocol version.
+    let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message });
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, framed.next()).await {
+        Ok(Some(Ok(Frame::Json(b)))) => match serde_json::from_slice::<Request>(&b) {
+            Ok(Request::Hello { protocol, .. }) if protocol == PROTOCOL_VERSION => {
+                let welcome = Event::Welcome {
+                    protocol: PROTOCOL_VERSION,
+                    server: format!("kazeia {}", env!("CARGO_PKG_VERSION")),
+                    capabilities: vec!["text".into(), "cancel".into(), "status".into(), "load".into(), "subscribe".into()],
+                    limits: Limits {
+                        max_frame,
+                        queue_per_model: sup.config.daemon.queue_per_model,
+                        connection_buffer: sup.config.daemon.connection_buffer,
+                    },
+                };
+                if framed.send(Frame::event(&welcome)).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Request::Hello { protocol, .. }) => {
+                let msg = format!("protocol {protocol} is not supported; this daemon speaks {PROTOCOL_VERSION}");
+                let _ = framed.send(refuse(ErrorCode::ProtocolVersion, msg)).await;
+                return;
+            }
+            Ok(_) => {
+                let _ = framed.send(refuse(ErrorCode::HandshakeRequired, "the first frame must be hello".into())).await;
+                return;
+            }
+            Err(e) => {
+                let _ = framed.send(refuse(ErrorCode::BadJson, format!("expected hello: {e}"))).await;
+                return;
+            }
+        },
+        Ok(Some(Ok(Frame::Audio(_)))) => {
+            let _ = framed.send(refuse(ErrorCode::HandshakeRequired, "the first frame must be hello".into())).await;
+            return;
+        }
+        Ok(Some(Err(e))) => {
+            let _ = framed.send(refuse(frame_error_code(&e), e.to_string())).await;
+            return;
+        }
+        Ok(None) | Err(_) => return,
+    }
+
+    let (mut sink, mut stream) = framed.split();
+    let (tx, mut rx) = mpsc::channel::<Frame>(sup.config.daemon.connection_buffer);
+    let out = Outbox { tx, overflow: CancellationToken::new(), conn };
+    let writer = tokio::spawn(async move {
+        while let Some(f) = rx.recv().await {
+            if sink.send(f).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    // Cancels everything this connection started.
+    let conn_cancel = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+
+    loop {
+        tokio::select! {
+            _ = out.overflow.cancelled() => break,
+            _ = closing.cancelled() => break,
+            frame = stream.next() => match frame {
+                None => break,
+                Some(Ok(Frame::Json(b))) => on_json(&sup, &out, &conn_cancel, &mut tasks, conn, uid, &b),
+                Some(Ok(Frame::Audio(a))) => {
+                    let msg = format!("audio frame for {:?}, which is not a running audio turn", a.id);
+                    out.error(Some(a.id), ErrorCode::NoAudioRequest, msg);
+                }
+                Some(Err(e)) if e.is_recoverable() => out.error(None, frame_error_code(&e), e.to_string()),
+                Some(Err(FrameError::Io(_))) => break,
+                Some(Err(e)) => {
+                    // The stream is out of step (a frame over the limit): say why, then close.
+                    out.error(None, frame_error_code(&e), format!("{e}; closing the connection"));
+                    break;
+                }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+    conn_cancel.cancel();
+    // Turns stop within one token or prefill chunk; wait for them so their resources are freed.
+    while tasks.join_next().await.is_some() {}
+    drop(out);
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    tracing::debug!(conn, "connection closed");
+}
+
+fn frame_error_code(e: &FrameError) -> ErrorCode {
+    match e {
+        FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
+        _ => ErrorCode::BadFrame,
+    }
+}
+
+/// Parse a JSON frame, telling apart bad JSON, an unknown type and a malformed request.
+fn parse(b: &[u8]) -> Result<Request, (Option<String>, ErrorCode, String)> {
+    let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| (None, ErrorCode::BadJson, e.to_string()))?;
+    let id = v.get("id").and_then(|i| i.as_str()).map(str::to_string);
+    let ty = v.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
+    if !REQUEST_TYPES.contains(&ty.as_str()) {
+        return Err((id, ErrorCode::UnknownType, format!("unknown request type {ty:?} (known: {})", REQUEST_TYPES.join(", "))));
+    }
+    serde_json::from_value(v).map_err(|e| (id, ErrorCode::BadRequest, format!("{ty}: {e}")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, tasks: &mut JoinSet<()>, conn: u64, uid: u32, b: &[u8]) {
+    let req = match parse(b) {
+        Ok(r) => r,
+        Err((id, code, msg)) => return out.error(id, code, msg),
+    };
+    match req {
+        Request::Hello { .. } => out.error(None, ErrorCode::BadRequest, "hello was already said"),
+        Request::Status { id } => out.send(&Event::Status { id: Some(id), status: sup.status() }),
+        Request::Cancel { id } => {
+            if !sup.cancel(conn, uid, &id) {
+                out.error(Some(id.clone()), ErrorCode::UnknownRequest, format!("no running request {id:?}"));
+            }
+        }
+        Request::Load { id, role } => {
+            let (sup, out) = (sup.clone(), out.clone());
+            tasks.spawn(async move {
+                match sup.ensure_loaded(&role, progress_sender(&out, &id, &role)).await {
+                    Ok(()) => out.send(&Event::Loaded { id: Some(id), role }),
+                    Err(e) => out.error(Some(id), e.code, e.message),
+                }
+            });
+        }
+        Request::Unload { id, role } => {
+            let (sup, out) = (sup.clone(), out.clone());
+            tasks.spawn(async move {
+                if sup.unload(&role).await {
+                    out.send(&Event::Unloaded { id: Some(id), role });
+                } else {
+                    out.error(Some(id), ErrorCode::NoModel, format!("role {role:?} is not loaded"));
+                }
+            });
+        }
+        Request::Subscribe { id } => {
+            let (sup, out, stop) = (sup.clone(), out.clone(), conn_cancel.clone());
+            tasks.spawn(async move {
+                let mut changes = sup.changes.subscribe();
+                out.send(&Event::Status { id: Some(id.clone()), status: sup.status() });
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        r = changes.recv() => match r {
+                            Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                out.send(&Event::Status { id: Some(id.clone()), status: sup.status() });
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                }
+            });
+        }
+        Request::Turn { id, pipeline, text, audio, session: _, options } => {
+            if sup.stopping.is_cancelled() {
+                return out.error(Some(id), ErrorCode::ShuttingDown, "the daemon is shutting down");
+            }
+            let pipeline = match sup.registry.get(&pipeline) {
+                Ok(p) => p.clone(),
+                Err(e) => return out.error(Some(id), ErrorCode::Pipeline, e.to_string()),
+            };
+            let text = match (text, audio) {
+                (Some(t), None) => t,
+                (_, Some(_)) => return out.error(Some(id), ErrorCode::BadRequest, format!("pipeline {:?} does not take audio", pipeline.name)),
+                (None, None) => return out.error(Some(id), ErrorCode::BadRequest, "a turn needs text or audio"),
+            };
+            // Admission: a role whose queue is full answers busy now, without queueing.
+            let capacity = sup.engine.queue_capacity();
+            for role in pipeline.roles() {
+                if sup.engine.pending(&role).unwrap_or(0) > capacity {
+                    let msg = format!("role {role:?} has {capacity} requests waiting: try again later");
+                    return out.error(Some(id), ErrorCode::Busy, msg);
+                }
+            }
+            let cancel = conn_cancel.child_token();
+            if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
+                return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+            }
+            out.send(&Event::Accepted { id: id.clone(), pipeline: pipeline.name.clone() });
+            let (sup, out) = (sup.clone(), out.clone());
+            tasks.spawn(async move {
+                for role in pipeline.roles() {
+                    if let Err(e) = sup.ensure_loaded(&role, progress_sender(&out, &id, &role)).await {
+                        out.error(Some(id.clone()), e.code, e.message);
+                        sup.remove_turn(conn, &id);
+                        return;
+                    }
+                }
+                let input = TurnInput {
+                    id: Some(id.clone()),
+                    text,
+                    options: GenerateOptions { temperature: options.temperature, seed: options.seed, max_tokens: options.max_tokens, ignore_eos: false },
+                };
+                let (tx, mut rx) = mpsc::unbounded_channel();
+                let forward = async {
+                    while let Some(ev) = rx.recv().await {
+                        out.send(&ev);
+                    }
+                };
+                let engine = sup.engine.clone();
+                tokio::join!(run_turn(&pipeline, input, Engines { llm: &engine }, cancel, tx), forward);
+                sup.remove_turn(conn, &id);
+            });
+        }
+    }
+}
+
+/// A progress callback that sends `load_progress` events, at most one per percent.
+fn progress_sender(out: &Outbox, id: &str, role: &str) -> impl Fn(f32) + Send + 'static {
+    let (out, id, role) = (out.clone(), id.to_string(), role.to_string());
+    let last = std::sync::atomic::AtomicU32::new(u32::MAX);
+    move |p: f32| {
+        let pct = (p * 100.0) as u32;
+        if last.swap(pct, Ordering::Relaxed) != pct {
+            out.send(&Event::LoadProgress { id: Some(id.clone()), role: role.clone(), progress: p });
+        }
+    }
+}

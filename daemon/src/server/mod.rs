@@ -1,0 +1,106 @@
+//! `kazeia serve`: the supervisor daemon on a Unix socket (no TCP listener at all).
+//!
+//! Shutdown (SIGTERM/SIGINT): stop accepting, refuse new turns (`shutting_down`), let running
+//! turns finish within the grace time, cancel the rest, close connections, unload the models,
+//! remove the socket file.
+
+pub mod connection;
+pub mod socket;
+pub mod supervisor;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kazeia_pipelines::Registry;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+pub use socket::{default_path, SocketError};
+pub use supervisor::Supervisor;
+
+pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
+    let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
+    let bound = socket::bind(&path)?;
+    let grace = config.daemon.shutdown_grace;
+    let preload = config.daemon.preload;
+    let sup = Supervisor::new(config, registry);
+    match &bound {
+        socket::Bound::Owned { path, .. } => tracing::info!(socket = %path.display(), "kazeia serving"),
+        socket::Bound::Activated { .. } => tracing::info!("kazeia serving on a socket from systemd"),
+    }
+    // Readiness line for scripts and tests (stderr, stdout stays free).
+    eprintln!("kazeia: listening on {}", path.display());
+
+    if preload {
+        for m in sup.config.models.clone() {
+            let sup = sup.clone();
+            tokio::spawn(async move {
+                if let Err(e) = sup.ensure_loaded(&m.role, |_| {}).await {
+                    tracing::error!(role = %m.role, "preload failed: {}", e.message);
+                }
+            });
+        }
+    }
+
+    let mut sigterm = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut sigint = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let closing = CancellationToken::new();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = bound.listener().accept() => match r {
+                Ok((stream, _)) => {
+                    conns.spawn(connection::handle(sup.clone(), stream, closing.clone()));
+                }
+                Err(e) => {
+                    // EMFILE and friends: keep serving the connections we have.
+                    tracing::error!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break }
+            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break }
+        }
+    }
+    shutdown(sup, bound, closing, conns, grace).await;
+    Ok(())
+}
+
+async fn shutdown(sup: Arc<Supervisor>, bound: socket::Bound, closing: CancellationToken, mut conns: JoinSet<()>, grace: Duration) {
+    sup.stopping.cancel();
+    let path = match bound {
+        socket::Bound::Owned { listener, path } => {
+            drop(listener);
+            Some(path)
+        }
+        socket::Bound::Activated { listener } => {
+            drop(listener);
+            None
+        }
+    };
+    let deadline = Instant::now() + grace;
+    while sup.turns_running() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if sup.turns_running() > 0 {
+        tracing::warn!(turns = sup.turns_running(), "grace time over: cancelling the remaining turns");
+        sup.cancel_all();
+    }
+    closing.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async { while conns.join_next().await.is_some() {} }).await;
+    let engine = sup.engine.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        for role in engine.loaded_roles() {
+            engine.unload(&role);
+        }
+    })
+    .await;
+    if let Some(p) = path {
+        let _ = std::fs::remove_file(&p);
+    }
+    tracing::info!("kazeia stopped");
+}

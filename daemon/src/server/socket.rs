@@ -1,0 +1,109 @@
+//! The listening socket: path and permissions, stale-socket recovery, systemd activation.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::io::FromRawFd;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("another kazeia daemon is already serving on {0}; stop it first (kazeia status --socket {0})")]
+    InUse(String),
+    #[error("{0} exists and is not a socket: refusing to replace it")]
+    NotASocket(String),
+    #[error("cannot prepare the socket directory {path}: {source}")]
+    Dir { path: String, source: io::Error },
+    #[error("cannot bind {path}: {source}")]
+    Bind { path: String, source: io::Error },
+    #[error("systemd socket activation: {0}")]
+    Activation(String),
+}
+
+/// The default socket: `$XDG_RUNTIME_DIR/kazeia/engine.sock`, else under the cache directory.
+pub fn default_path() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("kazeia").join("engine.sock"),
+        _ => dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("kazeia").join("run").join("engine.sock"),
+    }
+}
+
+/// Where the listener came from: a file we own (removed at exit) or one systemd handed us.
+pub enum Bound {
+    Owned { listener: UnixListener, path: PathBuf },
+    Activated { listener: UnixListener },
+}
+
+impl Bound {
+    pub fn listener(&self) -> &UnixListener {
+        match self {
+            Bound::Owned { listener, .. } | Bound::Activated { listener } => listener,
+        }
+    }
+}
+
+/// A socket passed by systemd (`LISTEN_PID` = us, `LISTEN_FDS` >= 1): fd 3.
+fn activated() -> Result<Option<UnixListener>, SocketError> {
+    let (Ok(pid), Ok(fds)) = (std::env::var("LISTEN_PID"), std::env::var("LISTEN_FDS")) else {
+        return Ok(None);
+    };
+    if pid.trim().parse::<u32>().ok() != Some(std::process::id()) {
+        return Ok(None);
+    }
+    let n: i32 = fds.trim().parse().map_err(|_| SocketError::Activation(format!("LISTEN_FDS={fds:?}")))?;
+    if n < 1 {
+        return Ok(None);
+    }
+    // Not for our children.
+    std::env::remove_var("LISTEN_PID");
+    std::env::remove_var("LISTEN_FDS");
+    std::env::remove_var("LISTEN_FDNAMES");
+    // SAFETY: systemd passes the listening sockets starting at fd 3, owned by this process.
+    let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(3) };
+    std_listener.set_nonblocking(true).map_err(|e| SocketError::Activation(e.to_string()))?;
+    UnixListener::from_std(std_listener).map(Some).map_err(|e| SocketError::Activation(e.to_string()))
+}
+
+/// Bind the daemon's socket. A socket file left by a killed daemon is replaced; a live daemon's
+/// socket is never taken.
+pub fn bind(path: &Path) -> Result<Bound, SocketError> {
+    if let Some(listener) = activated()? {
+        return Ok(Bound::Activated { listener });
+    }
+    let show = path.display().to_string();
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| SocketError::Dir { path: dir.display().to_string(), source })?;
+        }
+        // Only the owner may even reach the socket.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|source| SocketError::Dir { path: dir.display().to_string(), source })?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(SocketError::NotASocket(show));
+            }
+            match StdUnixStream::connect(path) {
+                Ok(_) => return Err(SocketError::InUse(show)),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    tracing::warn!(path = %show, "removing a stale socket left by a daemon that is gone");
+                    std::fs::remove_file(path).map_err(|source| SocketError::Bind { path: show.clone(), source })?;
+                }
+                Err(source) => return Err(SocketError::Bind { path: show, source }),
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(SocketError::Bind { path: show, source }),
+    }
+    let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind { path: show.clone(), source })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| SocketError::Bind { path: show, source })?;
+    Ok(Bound::Owned { listener, path: path.to_path_buf() })
+}

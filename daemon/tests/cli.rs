@@ -1,0 +1,59 @@
+//! `kazeia run` as a user runs it: the real binary, the repo's models.toml, the real model.
+
+use std::path::Path;
+use std::process::Command;
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn kazeia(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kazeia")).args(args).current_dir(repo()).output().expect("run kazeia");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+const QUESTION: &str = "What is the capital of France? Answer in one short sentence.";
+
+#[test]
+fn run_chat_answers_paris() {
+    let (code, out, err) = kazeia(&["run", "chat", "--text", QUESTION, "--temperature", "0"]);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.contains("Paris"), "stdout: {out}");
+}
+
+#[test]
+fn run_chat_json_lines() {
+    let (code, out, err) = kazeia(&["run", "chat", "--text", QUESTION, "--temperature", "0", "--json"]);
+    assert_eq!(code, 0, "stderr: {err}");
+    let events: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
+    let text: String = events.iter().filter(|e| e["type"] == "token").map(|e| e["text"].as_str().unwrap()).collect();
+    assert!(text.contains("Paris"), "{text}");
+    let done = events.last().unwrap();
+    assert_eq!(done["type"], "done");
+    for k in ["prompt_tokens", "generated_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+        assert!(done["metrics"][k].as_f64().unwrap() > 0.0, "{k} in {done}");
+    }
+}
+
+#[test]
+fn bad_config_and_unknown_pipeline_are_error_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[model]]\nrole = \"thinker\"\nfile = \"x.gguf\"\nthreads = \"two\"\n").unwrap();
+    let (code, out, _) = kazeia(&["run", "chat", "--text", "hi", "--json", "--config", bad.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    let ev: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(ev["code"], "bad_config");
+    let msg = ev["message"].as_str().unwrap();
+    assert!(msg.contains("bad.toml:4") && msg.contains("threads"), "{msg}");
+
+    let (code, out, _) = kazeia(&["run", "nope", "--text", "hi", "--json"]);
+    assert_eq!(code, 2);
+    assert!(out.contains("\"code\":\"pipeline\"") && out.contains("chat"), "{out}");
+
+    let missing = dir.path().join("missing.toml");
+    std::fs::write(&missing, "[[model]]\nrole = \"thinker\"\nfile = \"/nonexistent/m.gguf\"\n").unwrap();
+    let (code, out, _) = kazeia(&["run", "chat", "--text", "hi", "--json", "--config", missing.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(out.contains("\"code\":\"model_file\"") && out.contains("/nonexistent/m.gguf"), "{out}");
+}

@@ -1,0 +1,163 @@
+//! An async client: connects, says hello, and routes incoming events to the request that asked.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio_util::codec::Framed;
+
+use crate::frame::{AudioFrame, Frame, FrameCodec, FrameError, MAX_FRAME};
+use crate::request::{Request, TurnOptions, PROTOCOL_VERSION};
+use crate::{ErrorCode, Event, Limits, StatusReport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {path}: {source} (is `kazeia serve` running?)")]
+    Connect { path: String, source: std::io::Error },
+    #[error("connection closed by the daemon")]
+    Closed,
+    #[error("the daemon refused: [{code}] {message}")]
+    Refused { code: ErrorCode, message: String },
+    #[error("unexpected answer: {0}")]
+    Unexpected(String),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+/// Something the daemon sent for a request.
+#[derive(Debug, Clone)]
+pub enum Incoming {
+    Event(Event),
+    Audio(AudioFrame),
+}
+
+type Routes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Incoming>>>>;
+
+/// A connection to the daemon. Cheap to share by reference; requests may run concurrently.
+pub struct Client {
+    out: mpsc::Sender<Frame>,
+    routes: Routes,
+    next: AtomicU64,
+    prefix: String,
+    pub welcome: Event,
+    /// Events that name no request of ours (e.g. subscription pushes without an id).
+    pub unsolicited: Mutex<Option<mpsc::UnboundedReceiver<Incoming>>>,
+}
+
+impl Client {
+    /// Connect and perform the handshake.
+    pub async fn connect(path: &Path, client_name: &str) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
+        let mut framed = Framed::new(stream, FrameCodec::new(MAX_FRAME));
+        framed.send(Frame::request(&Request::Hello { protocol: PROTOCOL_VERSION, client: client_name.into() })).await?;
+        let welcome = match framed.next().await {
+            Some(Ok(Frame::Json(b))) => serde_json::from_slice::<Event>(&b).map_err(|e| ClientError::Unexpected(e.to_string()))?,
+            Some(Ok(other)) => return Err(ClientError::Unexpected(format!("{other:?}"))),
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(ClientError::Closed),
+        };
+        match &welcome {
+            Event::Welcome { .. } => {}
+            Event::Error { code, message, .. } => return Err(ClientError::Refused { code: *code, message: message.clone() }),
+            other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+        let (sink, mut stream) = framed.split();
+        let (out, mut out_rx) = mpsc::channel::<Frame>(64);
+        tokio::spawn(async move {
+            let mut sink = sink;
+            while let Some(f) = out_rx.recv().await {
+                if sink.send(f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let routes: Routes = Arc::default();
+        let (uns_tx, uns_rx) = mpsc::unbounded_channel();
+        let reader_routes = routes.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(frame)) = stream.next().await {
+                let (id, item) = match frame {
+                    Frame::Json(b) => match serde_json::from_slice::<Event>(&b) {
+                        Ok(ev) => (ev.id().map(str::to_string), Incoming::Event(ev)),
+                        Err(_) => continue,
+                    },
+                    Frame::Audio(a) => (Some(a.id.clone()), Incoming::Audio(a)),
+                };
+                let mut routes = reader_routes.lock().expect("routes lock");
+                match id.as_ref().and_then(|id| routes.get(id)) {
+                    Some(tx) => {
+                        if tx.send(item).is_err() {
+                            routes.remove(id.as_ref().expect("id"));
+                        }
+                    }
+                    None => {
+                        let _ = uns_tx.send(item);
+                    }
+                }
+            }
+            // The daemon went away: every waiting request sees its channel close.
+            reader_routes.lock().expect("routes lock").clear();
+        });
+        Ok(Client {
+            out,
+            routes,
+            next: AtomicU64::new(1),
+            prefix: format!("{}-{}", client_name, std::process::id()),
+            welcome,
+            unsolicited: Mutex::new(Some(uns_rx)),
+        })
+    }
+
+    /// A fresh request id, unique to this process.
+    pub fn new_id(&self) -> String {
+        format!("{}-{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn limits(&self) -> Option<&Limits> {
+        match &self.welcome {
+            Event::Welcome { limits, .. } => Some(limits),
+            _ => None,
+        }
+    }
+
+    /// Send a request and receive everything that names its id, until the receiver is dropped.
+    pub async fn send(&self, req: Request) -> Result<mpsc::UnboundedReceiver<Incoming>, ClientError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(id) = req.id() {
+            self.routes.lock().expect("routes lock").insert(id.to_string(), tx);
+        }
+        self.out.send(Frame::request(&req)).await.map_err(|_| ClientError::Closed)?;
+        Ok(rx)
+    }
+
+    /// Send a frame that expects no answer of its own (cancel, audio).
+    pub async fn send_frame(&self, frame: Frame) -> Result<(), ClientError> {
+        self.out.send(frame).await.map_err(|_| ClientError::Closed)
+    }
+
+    /// Start a text turn; events arrive on the returned channel until `done` or `error`.
+    pub async fn turn(&self, id: &str, pipeline: &str, text: &str, options: TurnOptions) -> Result<mpsc::UnboundedReceiver<Incoming>, ClientError> {
+        self.send(Request::Turn { id: id.into(), pipeline: pipeline.into(), text: Some(text.into()), audio: None, session: None, options }).await
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<(), ClientError> {
+        self.send_frame(Frame::request(&Request::Cancel { id: id.into() })).await
+    }
+
+    pub async fn status(&self) -> Result<StatusReport, ClientError> {
+        let id = self.new_id();
+        let mut rx = self.send(Request::Status { id }).await?;
+        match rx.recv().await {
+            Some(Incoming::Event(Event::Status { status, .. })) => Ok(status),
+            Some(Incoming::Event(Event::Error { code, message, .. })) => Err(ClientError::Refused { code, message }),
+            Some(other) => Err(ClientError::Unexpected(format!("{other:?}"))),
+            None => Err(ClientError::Closed),
+        }
+    }
+}

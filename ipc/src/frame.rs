@@ -1,0 +1,229 @@
+//! Frames on the socket: a 4-byte big-endian length, then one kind byte, then the body.
+//!
+//! - kind 0x01: a JSON object (a request or an event), UTF-8.
+//! - kind 0x02: audio: `u16` id length, id (UTF-8), `u32` sample rate, `u8` channels,
+//!   `u8` flags (bit 0: last frame of the stream), then PCM s16le samples, interleaved.
+//!
+//! All integers big-endian except the samples. A frame larger than the limit is refused
+//! before its body is read.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+
+use crate::{Event, Request};
+
+/// Default largest frame, body and kind byte included (1 MiB: ~32 s of 16 kHz mono audio).
+pub const MAX_FRAME: usize = 1 << 20;
+
+pub const KIND_JSON: u8 = 0x01;
+pub const KIND_AUDIO: u8 = 0x02;
+
+/// A chunk of PCM audio for (or from) the request `id`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AudioFrame {
+    pub id: String,
+    pub sample_rate: u32,
+    pub channels: u8,
+    pub last: bool,
+    /// s16le samples.
+    pub pcm: Bytes,
+}
+
+/// One decoded frame. JSON stays raw here: parsing it is the receiver's business, so that a bad
+/// message can be answered with an error while the stream itself stays in sync.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    Json(Bytes),
+    Audio(AudioFrame),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes is over the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("empty frame (no kind byte)")]
+    Empty,
+    #[error("unknown frame kind 0x{0:02x}")]
+    UnknownKind(u8),
+    #[error("malformed audio frame: {0}")]
+    BadAudio(&'static str),
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl FrameError {
+    /// Whether the stream can go on after this error (the frame boundary was kept).
+    pub fn is_recoverable(&self) -> bool {
+        matches!(self, FrameError::Empty | FrameError::UnknownKind(_) | FrameError::BadAudio(_))
+    }
+}
+
+impl Frame {
+    pub fn json<T: serde::Serialize>(msg: &T) -> Frame {
+        Frame::Json(Bytes::from(serde_json::to_vec(msg).expect("protocol messages serialize")))
+    }
+
+    pub fn event(ev: &Event) -> Frame {
+        Frame::json(ev)
+    }
+
+    pub fn request(req: &Request) -> Frame {
+        Frame::json(req)
+    }
+}
+
+/// The codec: length-delimited framing with a hard maximum, plus the kind byte.
+#[derive(Debug)]
+pub struct FrameCodec {
+    inner: LengthDelimitedCodec,
+    max: usize,
+}
+
+impl FrameCodec {
+    pub fn new(max_frame: usize) -> FrameCodec {
+        let inner = LengthDelimitedCodec::builder().length_field_length(4).big_endian().max_frame_length(max_frame).new_codec();
+        FrameCodec { inner, max: max_frame }
+    }
+}
+
+impl Default for FrameCodec {
+    fn default() -> Self {
+        FrameCodec::new(MAX_FRAME)
+    }
+}
+
+impl Decoder for FrameCodec {
+    type Item = Frame;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        // Check the length ourselves first, to report it (the inner codec only says "too big").
+        if src.len() >= 4 {
+            let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+            if len > self.max {
+                return Err(FrameError::TooLarge { len, max: self.max });
+            }
+        }
+        let Some(mut body) = self.inner.decode(src).map_err(io_or_too_large(self.max))? else {
+            return Ok(None);
+        };
+        if body.is_empty() {
+            return Err(FrameError::Empty);
+        }
+        let kind = body.get_u8();
+        match kind {
+            KIND_JSON => Ok(Some(Frame::Json(body.freeze()))),
+            KIND_AUDIO => decode_audio(body.freeze()).map(|a| Some(Frame::Audio(a))),
+            other => Err(FrameError::UnknownKind(other)),
+        }
+    }
+}
+
+fn io_or_too_large(max: usize) -> impl Fn(std::io::Error) -> FrameError {
+    move |e| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            FrameError::TooLarge { len: max + 1, max }
+        } else {
+            FrameError::Io(e)
+        }
+    }
+}
+
+fn decode_audio(mut b: Bytes) -> Result<AudioFrame, FrameError> {
+    if b.remaining() < 2 {
+        return Err(FrameError::BadAudio("no id length"));
+    }
+    let id_len = b.get_u16() as usize;
+    if b.remaining() < id_len + 6 {
+        return Err(FrameError::BadAudio("header shorter than its id length says"));
+    }
+    let id = String::from_utf8(b.split_to(id_len).to_vec()).map_err(|_| FrameError::BadAudio("id is not UTF-8"))?;
+    let sample_rate = b.get_u32();
+    let channels = b.get_u8();
+    let flags = b.get_u8();
+    if channels == 0 || sample_rate == 0 {
+        return Err(FrameError::BadAudio("zero sample rate or channels"));
+    }
+    if b.remaining() % (2 * channels as usize) != 0 {
+        return Err(FrameError::BadAudio("PCM length is not a whole number of s16 frames"));
+    }
+    Ok(AudioFrame { id, sample_rate, channels, last: flags & 1 == 1, pcm: b })
+}
+
+impl Encoder<Frame> for FrameCodec {
+    type Error = FrameError;
+
+    fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), FrameError> {
+        let mut body = BytesMut::new();
+        match frame {
+            Frame::Json(json) => {
+                body.put_u8(KIND_JSON);
+                body.put_slice(&json);
+            }
+            Frame::Audio(a) => {
+                body.put_u8(KIND_AUDIO);
+                body.put_u16(a.id.len() as u16);
+                body.put_slice(a.id.as_bytes());
+                body.put_u32(a.sample_rate);
+                body.put_u8(a.channels);
+                body.put_u8(u8::from(a.last));
+                body.put_slice(&a.pcm);
+            }
+        }
+        if body.len() > self.max {
+            return Err(FrameError::TooLarge { len: body.len(), max: self.max });
+        }
+        self.inner.encode(body.freeze(), dst).map_err(FrameError::Io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(f: Frame) -> Frame {
+        let mut c = FrameCodec::default();
+        let mut buf = BytesMut::new();
+        c.encode(f, &mut buf).unwrap();
+        let out = c.decode(&mut buf).unwrap().unwrap();
+        assert!(buf.is_empty());
+        out
+    }
+
+    #[test]
+    fn json_and_audio_roundtrip() {
+        let j = Frame::Json(Bytes::from_static(br#"{"type":"status","id":"1"}"#));
+        assert_eq!(roundtrip(j.clone()), j);
+        let a = Frame::Audio(AudioFrame { id: "t1".into(), sample_rate: 16000, channels: 1, last: true, pcm: Bytes::from(vec![1, 0, 2, 0]) });
+        assert_eq!(roundtrip(a.clone()), a);
+    }
+
+    #[test]
+    fn partial_frames_wait_for_more() {
+        let mut c = FrameCodec::default();
+        let mut buf = BytesMut::new();
+        c.encode(Frame::Json(Bytes::from_static(b"{}")), &mut buf).unwrap();
+        let mut part = buf.split_to(3);
+        assert!(c.decode(&mut part).unwrap().is_none());
+        part.unsplit(buf);
+        assert!(c.decode(&mut part).unwrap().is_some());
+    }
+
+    #[test]
+    fn oversized_and_malformed_frames() {
+        let mut c = FrameCodec::new(64);
+        let mut buf = BytesMut::from(&[0u8, 0, 1, 0][..]);
+        assert!(matches!(c.decode(&mut buf), Err(FrameError::TooLarge { len: 256, max: 64 })));
+        let mut buf = BytesMut::from(&[0u8, 0, 0, 2, 0x07, b'x'][..]);
+        assert!(matches!(c.decode(&mut buf), Err(FrameError::UnknownKind(7))));
+        // Audio whose PCM is half a sample: kind, id length 1, "a", 16 kHz, mono, flags, 1 byte.
+        let body = [0x02u8, 0, 1, b'a', 0, 0, 0x3e, 0x80, 1, 0, 7];
+        let mut buf = BytesMut::new();
+        buf.put_u32(body.len() as u32);
+        buf.put_slice(&body);
+        assert!(matches!(c.decode(&mut buf), Err(FrameError::BadAudio(_))));
+        // The boundary was kept: the next frame decodes.
+        c.encode(Frame::Json(Bytes::from_static(b"{}")), &mut buf).unwrap();
+        assert!(matches!(c.decode(&mut buf), Ok(Some(Frame::Json(_)))));
+    }
+}
