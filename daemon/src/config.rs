@@ -162,6 +162,9 @@ pub struct DaemonConfig {
     pub max_frame: usize,
     /// Frames buffered per connection before a slow reader is disconnected.
     pub connection_buffer: usize,
+    /// Kernel send buffer per connection (SO_SNDBUF), bytes; unset keeps the kernel's default.
+    /// Smaller values make a stalled client visible sooner (and bound kernel memory on device).
+    pub socket_send_buffer: Option<usize>,
     /// Requests a role queues beyond the running one before `busy`.
     pub queue_per_model: usize,
     /// How long running turns may finish after SIGTERM before they are cancelled.
@@ -178,6 +181,7 @@ impl Default for DaemonConfig {
             allow_uids: Vec::new(),
             max_frame: 1 << 20,
             connection_buffer: 1024,
+            socket_send_buffer: None,
             queue_per_model: 8,
             shutdown_grace: Duration::from_secs(10),
             preload: true,

@@ -46,6 +46,17 @@ pub struct Client {
     pub welcome: Event,
     /// Events that name no request of ours (e.g. subscription pushes without an id).
     pub unsolicited: Mutex<Option<mpsc::UnboundedReceiver<Incoming>>>,
+    /// The reader and writer tasks: both own half of the socket.
+    tasks: [tokio::task::AbortHandle; 2],
+}
+
+impl Drop for Client {
+    /// Dropping the client closes the connection (the daemon then cancels its turns).
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 impl Client {
@@ -55,12 +66,14 @@ impl Client {
             .await
             .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
         let mut framed = Framed::new(stream, FrameCodec::new(MAX_FRAME));
-        framed.send(Frame::request(&Request::Hello { protocol: PROTOCOL_VERSION, client: client_name.into() })).await?;
+        // A refused peer may find the connection closed before its hello is written: read the
+        // daemon's answer (the refusal) before reporting the write error.
+        let sent = framed.send(Frame::request(&Request::Hello { protocol: PROTOCOL_VERSION, client: client_name.into() })).await;
         let welcome = match framed.next().await {
             Some(Ok(Frame::Json(b))) => serde_json::from_slice::<Event>(&b).map_err(|e| ClientError::Unexpected(e.to_string()))?,
             Some(Ok(other)) => return Err(ClientError::Unexpected(format!("{other:?}"))),
-            Some(Err(e)) => return Err(e.into()),
-            None => return Err(ClientError::Closed),
+            Some(Err(e)) => return Err(sent.err().unwrap_or(e).into()),
+            None => return Err(sent.err().map_or(ClientError::Closed, ClientError::from)),
         };
         match &welcome {
             Event::Welcome { .. } => {}
@@ -69,7 +82,7 @@ impl Client {
         }
         let (sink, mut stream) = framed.split();
         let (out, mut out_rx) = mpsc::channel::<Frame>(64);
-        tokio::spawn(async move {
+        let writer = tokio::spawn(async move {
             let mut sink = sink;
             while let Some(f) = out_rx.recv().await {
                 if sink.send(f).await.is_err() {
@@ -80,7 +93,7 @@ impl Client {
         let routes: Routes = Arc::default();
         let (uns_tx, uns_rx) = mpsc::unbounded_channel();
         let reader_routes = routes.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(Ok(frame)) = stream.next().await {
                 let (id, item) = match frame {
                     Frame::Json(b) => match serde_json::from_slice::<Event>(&b) {
@@ -88,6 +101,7 @@ impl Client {
                         Err(_) => continue,
                     },
                     Frame::Audio(a) => (Some(a.id.clone()), Incoming::Audio(a)),
+                    Frame::Invalid(_) => continue,
                 };
                 let mut routes = reader_routes.lock().expect("routes lock");
                 match id.as_ref().and_then(|id| routes.get(id)) {
@@ -111,6 +125,7 @@ impl Client {
             prefix: format!("{}-{}", client_name, std::process::id()),
             welcome,
             unsolicited: Mutex::new(Some(uns_rx)),
+            tasks: [reader.abort_handle(), writer.abort_handle()],
         })
     }
 

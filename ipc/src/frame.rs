@@ -8,7 +8,7 @@
 //! before its body is read.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, Encoder};
 
 use crate::{Event, Request};
 
@@ -35,27 +35,31 @@ pub struct AudioFrame {
 pub enum Frame {
     Json(Bytes),
     Audio(AudioFrame),
+    /// A frame whose length was sound but whose content was not. The stream stays in step and
+    /// goes on (a decoder error would end a tokio-util stream), so the receiver answers it.
+    Invalid(InvalidFrame),
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    #[error("frame of {len} bytes is over the limit of {max} bytes")]
-    TooLarge { len: usize, max: usize },
+/// What was wrong with a frame that could be skipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidFrame {
     #[error("empty frame (no kind byte)")]
     Empty,
     #[error("unknown frame kind 0x{0:02x}")]
     UnknownKind(u8),
     #[error("malformed audio frame: {0}")]
     BadAudio(&'static str),
-    #[error("socket error: {0}")]
-    Io(#[from] std::io::Error),
 }
 
-impl FrameError {
-    /// Whether the stream can go on after this error (the frame boundary was kept).
-    pub fn is_recoverable(&self) -> bool {
-        matches!(self, FrameError::Empty | FrameError::UnknownKind(_) | FrameError::BadAudio(_))
-    }
+/// Errors after which the stream cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes is over the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("cannot send an invalid frame")]
+    Invalid,
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 impl Frame {
@@ -72,17 +76,16 @@ impl Frame {
     }
 }
 
-/// The codec: length-delimited framing with a hard maximum, plus the kind byte.
+/// The codec: a length prefix with a hard maximum, then the kind byte. Stateless: each call
+/// looks at the buffer from a frame boundary, so a partial frame simply waits for more bytes.
 #[derive(Debug)]
 pub struct FrameCodec {
-    inner: LengthDelimitedCodec,
     max: usize,
 }
 
 impl FrameCodec {
     pub fn new(max_frame: usize) -> FrameCodec {
-        let inner = LengthDelimitedCodec::builder().length_field_length(4).big_endian().max_frame_length(max_frame).new_codec();
-        FrameCodec { inner, max: max_frame }
+        FrameCodec { max: max_frame }
     }
 }
 
@@ -97,55 +100,49 @@ impl Decoder for FrameCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
-        // Check the length ourselves first, to report it (the inner codec only says "too big").
-        if src.len() >= 4 {
-            let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-            if len > self.max {
-                return Err(FrameError::TooLarge { len, max: self.max });
-            }
-        }
-        let Some(mut body) = self.inner.decode(src).map_err(io_or_too_large(self.max))? else {
+        if src.len() < 4 {
             return Ok(None);
-        };
+        }
+        let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+        // Refused before the body is read: the peer cannot make us buffer more than the limit.
+        if len > self.max {
+            return Err(FrameError::TooLarge { len, max: self.max });
+        }
+        if src.len() < 4 + len {
+            src.reserve(4 + len - src.len());
+            return Ok(None);
+        }
+        src.advance(4);
+        let mut body = src.split_to(len);
         if body.is_empty() {
-            return Err(FrameError::Empty);
+            return Ok(Some(Frame::Invalid(InvalidFrame::Empty)));
         }
         let kind = body.get_u8();
-        match kind {
-            KIND_JSON => Ok(Some(Frame::Json(body.freeze()))),
-            KIND_AUDIO => decode_audio(body.freeze()).map(|a| Some(Frame::Audio(a))),
-            other => Err(FrameError::UnknownKind(other)),
-        }
+        Ok(Some(match kind {
+            KIND_JSON => Frame::Json(body.freeze()),
+            KIND_AUDIO => decode_audio(body.freeze()).map_or_else(Frame::Invalid, Frame::Audio),
+            other => Frame::Invalid(InvalidFrame::UnknownKind(other)),
+        }))
     }
 }
 
-fn io_or_too_large(max: usize) -> impl Fn(std::io::Error) -> FrameError {
-    move |e| {
-        if e.kind() == std::io::ErrorKind::InvalidData {
-            FrameError::TooLarge { len: max + 1, max }
-        } else {
-            FrameError::Io(e)
-        }
-    }
-}
-
-fn decode_audio(mut b: Bytes) -> Result<AudioFrame, FrameError> {
+fn decode_audio(mut b: Bytes) -> Result<AudioFrame, InvalidFrame> {
     if b.remaining() < 2 {
-        return Err(FrameError::BadAudio("no id length"));
+        return Err(InvalidFrame::BadAudio("no id length"));
     }
     let id_len = b.get_u16() as usize;
     if b.remaining() < id_len + 6 {
-        return Err(FrameError::BadAudio("header shorter than its id length says"));
+        return Err(InvalidFrame::BadAudio("header shorter than its id length says"));
     }
-    let id = String::from_utf8(b.split_to(id_len).to_vec()).map_err(|_| FrameError::BadAudio("id is not UTF-8"))?;
+    let id = String::from_utf8(b.split_to(id_len).to_vec()).map_err(|_| InvalidFrame::BadAudio("id is not UTF-8"))?;
     let sample_rate = b.get_u32();
     let channels = b.get_u8();
     let flags = b.get_u8();
     if channels == 0 || sample_rate == 0 {
-        return Err(FrameError::BadAudio("zero sample rate or channels"));
+        return Err(InvalidFrame::BadAudio("zero sample rate or channels"));
     }
     if b.remaining() % (2 * channels as usize) != 0 {
-        return Err(FrameError::BadAudio("PCM length is not a whole number of s16 frames"));
+        return Err(InvalidFrame::BadAudio("PCM length is not a whole number of s16 frames"));
     }
     Ok(AudioFrame { id, sample_rate, channels, last: flags & 1 == 1, pcm: b })
 }
@@ -169,17 +166,72 @@ impl Encoder<Frame> for FrameCodec {
                 body.put_u8(u8::from(a.last));
                 body.put_slice(&a.pcm);
             }
+            Frame::Invalid(_) => return Err(FrameError::Invalid),
         }
         if body.len() > self.max {
             return Err(FrameError::TooLarge { len: body.len(), max: self.max });
         }
-        self.inner.encode(body.freeze(), dst).map_err(FrameError::Io)
+        dst.reserve(4 + body.len());
+        dst.put_u32(body.len() as u32);
+        dst.put_slice(&body);
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn arb_frame() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(|b| Frame::Json(Bytes::from(b))),
+            ("[a-z0-9-]{0,12}", 1u32..96_000, 1u8..3, any::<bool>(), proptest::collection::vec(any::<i16>(), 0..200)).prop_map(
+                |(id, sample_rate, channels, last, samples)| {
+                    let mut pcm: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
+                    pcm.truncate(pcm.len() / (2 * channels as usize) * 2 * channels as usize);
+                    Frame::Audio(AudioFrame { id, sample_rate, channels, last, pcm: Bytes::from(pcm) })
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of frames, cut into arbitrary pieces on the wire, decodes to itself.
+        #[test]
+        fn stream_roundtrip(frames in proptest::collection::vec(arb_frame(), 1..8), cuts in proptest::collection::vec(1usize..64, 1..40)) {
+            let mut c = FrameCodec::default();
+            let mut wire = BytesMut::new();
+            for f in &frames {
+                c.encode(f.clone(), &mut wire).unwrap();
+            }
+            let mut buf = BytesMut::new();
+            let mut out = Vec::new();
+            let mut cuts = cuts.into_iter().cycle();
+            while !wire.is_empty() {
+                let n = cuts.next().unwrap().min(wire.len());
+                buf.extend_from_slice(&wire.split_to(n));
+                while let Some(f) = c.decode(&mut buf).unwrap() {
+                    out.push(f);
+                }
+            }
+            prop_assert_eq!(out, frames);
+            prop_assert!(buf.is_empty());
+        }
+
+        /// Arbitrary bytes never panic the decoder.
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut c = FrameCodec::new(256);
+            let mut buf = BytesMut::from(&bytes[..]);
+            for _ in 0..16 {
+                match c.decode(&mut buf) {
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+    }
 
     fn roundtrip(f: Frame) -> Frame {
         let mut c = FrameCodec::default();
@@ -215,13 +267,13 @@ mod tests {
         let mut buf = BytesMut::from(&[0u8, 0, 1, 0][..]);
         assert!(matches!(c.decode(&mut buf), Err(FrameError::TooLarge { len: 256, max: 64 })));
         let mut buf = BytesMut::from(&[0u8, 0, 0, 2, 0x07, b'x'][..]);
-        assert!(matches!(c.decode(&mut buf), Err(FrameError::UnknownKind(7))));
+        assert!(matches!(c.decode(&mut buf), Ok(Some(Frame::Invalid(InvalidFrame::UnknownKind(7))))));
         // Audio whose PCM is half a sample: kind, id length 1, "a", 16 kHz, mono, flags, 1 byte.
         let body = [0x02u8, 0, 1, b'a', 0, 0, 0x3e, 0x80, 1, 0, 7];
         let mut buf = BytesMut::new();
         buf.put_u32(body.len() as u32);
         buf.put_slice(&body);
-        assert!(matches!(c.decode(&mut buf), Err(FrameError::BadAudio(_))));
+        assert!(matches!(c.decode(&mut buf), Ok(Some(Frame::Invalid(InvalidFrame::BadAudio(_))))));
         // The boundary was kept: the next frame decodes.
         c.encode(Frame::Json(Bytes::from_static(b"{}")), &mut buf).unwrap();
         assert!(matches!(c.decode(&mut buf), Ok(Some(Frame::Json(_)))));

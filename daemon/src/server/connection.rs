@@ -68,6 +68,9 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     let own = unsafe { libc::geteuid() };
     let allowed = if sup.config.daemon.allow_uids.is_empty() { uid == own } else { sup.config.daemon.allow_uids.contains(&uid) };
     let max_frame = sup.config.daemon.max_frame;
+    if let Some(bytes) = sup.config.daemon.socket_send_buffer {
+        set_send_buffer(&stream, bytes);
+    }
     let mut framed = Framed::new(stream, FrameCodec::new(max_frame));
     if !allowed {
         tracing::warn!(conn, uid, "refused a peer whose uid is not allowed");
@@ -111,7 +114,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
                 return;
             }
         },
-        Ok(Some(Ok(Frame::Audio(_)))) => {
+        Ok(Some(Ok(Frame::Audio(_) | Frame::Invalid(_)))) => {
             let _ = framed.send(refuse(ErrorCode::HandshakeRequired, "the first frame must be hello".into())).await;
             return;
         }
@@ -148,7 +151,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
                     let msg = format!("audio frame for {:?}, which is not a running audio turn", a.id);
                     out.error(Some(a.id), ErrorCode::NoAudioRequest, msg);
                 }
-                Some(Err(e)) if e.is_recoverable() => out.error(None, frame_error_code(&e), e.to_string()),
+                Some(Ok(Frame::Invalid(e))) => out.error(None, ErrorCode::BadFrame, e.to_string()),
                 Some(Err(FrameError::Io(_))) => break,
                 Some(Err(e)) => {
                     // The stream is out of step (a frame over the limit): say why, then close.
@@ -165,6 +168,18 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     drop(out);
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     tracing::debug!(conn, "connection closed");
+}
+
+fn set_send_buffer(stream: &UnixStream, bytes: usize) {
+    use std::os::unix::io::AsRawFd;
+    let v = bytes as libc::c_int;
+    // SAFETY: a valid socket fd and a c_int option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, (&v as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+    };
+    if r != 0 {
+        tracing::warn!("SO_SNDBUF {bytes}: {}", std::io::Error::last_os_error());
+    }
 }
 
 fn frame_error_code(e: &FrameError) -> ErrorCode {
