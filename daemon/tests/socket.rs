@@ -342,3 +342,42 @@ async fn sigterm_during_a_turn() {
     assert_eq!(code.0, Some(0), "{}", code.2);
     assert!(!code.1, "socket file was left behind");
 }
+
+#[test]
+fn systemd_socket_activation() {
+    use std::os::unix::io::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let d = Daemon::start(&config(""));
+    // A socket bound by "systemd" (us), handed over as fd 3 with LISTEN_PID/LISTEN_FDS.
+    let path = d.dir.path().join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let fd = listener.as_raw_fd();
+    let cfg = d.dir.path().join("models.toml");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" serve --config \"$1\"", env!("CARGO_BIN_EXE_kazeia"), cfg.to_str().unwrap()]);
+    cmd.stderr(std::process::Stdio::null());
+    // SAFETY: dup2 is async-signal-safe; fd 3 is where systemd puts the first socket.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would keep close-on-exec: clear it instead.
+            let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(listener);
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write_frame(&mut s, 1, br#"{"type":"hello","protocol":1}"#);
+    assert_eq!(read_json(&mut s)["type"], "welcome");
+    write_frame(&mut s, 1, br#"{"type":"status","id":"1"}"#);
+    assert_eq!(read_json(&mut s)["type"], "status");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The socket belongs to systemd: the daemon leaves it in place.
+    assert!(path.exists());
+}

@@ -1,0 +1,204 @@
+//! bench-socket: time to first token and decode speed, seen by a client, through our daemon's
+//! socket against llama.cpp's `llama-server` over HTTP with streaming. Same model, same prompt,
+//! same threads, context and batch sizes; greedy; prompt caching off on both sides (our daemon
+//! starts every sessionless turn from an empty context). Alternated, medians.
+//!
+//! Run it through `tools/bench-socket`, which builds llama-server from the same llama.cpp tree.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use kazeia_daemon::config::Config;
+use kazeia_ipc::{Client, Event, Incoming, TurnOptions};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "models.toml")]
+    config: PathBuf,
+    #[arg(long, default_value = "thinker")]
+    role: String,
+    /// The kazeia binary.
+    #[arg(long)]
+    kazeia: PathBuf,
+    #[arg(long)]
+    llama_server: PathBuf,
+    #[arg(long, default_value = "")]
+    reference: String,
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: u32,
+}
+
+const PROMPT: &str = "You are helping a traveller plan a week in France. They like museums, long walks, \
+bakeries and trains, and they dislike crowds and driving. They will arrive in Paris on a Monday morning \
+and leave from Marseille the following Sunday evening. Describe, day by day, a calm itinerary with one \
+main visit per day, the train legs between cities, and one bakery worth a detour in each city.";
+
+/// What the client saw: (ttft ms, decode tok/s, tokens).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    ttft_ms: f64,
+    decode_tok_s: f64,
+    tokens: usize,
+}
+
+fn seen(start: Instant, stamps: &[Instant]) -> Result<Seen> {
+    if stamps.len() < 2 {
+        bail!("only {} tokens streamed", stamps.len());
+    }
+    let ttft_ms = (stamps[0] - start).as_secs_f64() * 1e3;
+    let span = (*stamps.last().unwrap() - stamps[0]).as_secs_f64();
+    Ok(Seen { ttft_ms, decode_tok_s: (stamps.len() - 1) as f64 / span, tokens: stamps.len() })
+}
+
+async fn ours(client: &Client, max_tokens: u32) -> Result<Seen> {
+    let id = client.new_id();
+    let start = Instant::now();
+    let mut rx = client
+        .turn(&id, "chat", PROMPT, TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens) })
+        .await?;
+    let mut stamps = Vec::new();
+    while let Some(item) = rx.recv().await {
+        match item {
+            Incoming::Event(Event::Token { .. }) => stamps.push(Instant::now()),
+            Incoming::Event(Event::Done { .. }) => return seen(start, &stamps),
+            Incoming::Event(Event::Error { message, .. }) => bail!("{message}"),
+            _ => {}
+        }
+    }
+    bail!("daemon closed the connection")
+}
+
+fn theirs(port: u16, max_tokens: u32) -> Result<Seen> {
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": true, "temperature": 0.0, "seed": 1, "max_tokens": max_tokens,
+        "cache_prompt": false,
+    });
+    let start = Instant::now();
+    let resp = ureq::post(&format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .context("llama-server request")?;
+    let reader = BufReader::new(resp.into_body().into_reader());
+    let mut stamps = Vec::new();
+    for line in reader.lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data.trim() == "[DONE]" {
+            break;
+        }
+        let v: serde_json::Value = serde_json::from_str(data)?;
+        if v["choices"][0]["delta"]["content"].as_str().is_some_and(|s| !s.is_empty()) {
+            stamps.push(Instant::now());
+        }
+    }
+    seen(start, &stamps)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let config = Config::load(&args.config)?;
+    let m = config.model(&args.role)?.clone();
+    let model = config.model_path(&m);
+
+    // Our daemon, from the same config, on a private socket.
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("engine.sock");
+    let _daemon = Kill(
+        Command::new(&args.kazeia)
+            .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start kazeia serve")?,
+    );
+    // llama-server with the same model and settings, on a loopback port.
+    let port = free_port();
+    let _server = Kill(
+        Command::new(&args.llama_server)
+            .args(["-m", &model.display().to_string(), "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["-t", &m.threads.to_string(), "-tb", &m.threads.to_string(), "-c", &m.n_ctx.to_string()])
+            .args(["-b", &m.n_batch.to_string(), "-ub", &m.n_ubatch.to_string(), "-np", "1", "-ngl", "0"])
+            .args(["--no-mmap", "--jinja"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start llama-server")?,
+    );
+
+    // Wait for both to be ready (and the daemon's model loaded).
+    let t = Instant::now();
+    let client = loop {
+        if let Ok(c) = Client::connect(&socket, "bench").await {
+            if c.status().await.map(|s| s.models.iter().any(|x| x.role == args.role && x.state == kazeia_ipc::ModelState::Loaded)).unwrap_or(false) {
+                break c;
+            }
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("kazeia serve did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    loop {
+        if ureq::get(&format!("http://127.0.0.1:{port}/health")).call().is_ok() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("llama-server did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Warm-up on both.
+    ours(&client, 8).await?;
+    tokio::task::block_in_place(|| theirs(port, 8))?;
+
+    println!("model: {} ({} threads, n_ctx {}, n_batch {}, n_ubatch {}), greedy, {} tokens max", model.display(), m.threads, m.n_ctx, m.n_batch, m.n_ubatch, args.max_tokens);
+    println!("reference: {} {}", args.llama_server.display(), args.reference);
+    println!("{:>4} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8}", "rep", "ours ttft", "ref ttft", "ours tok/s", "ref tok/s", "ours n", "ref n");
+    let (mut ot, mut rt, mut od, mut rd) = (vec![], vec![], vec![], vec![]);
+    for rep in 0..args.reps {
+        let (o, r) = if rep % 2 == 0 {
+            let o = ours(&client, args.max_tokens).await?;
+            (o, tokio::task::block_in_place(|| theirs(port, args.max_tokens))?)
+        } else {
+            let r = tokio::task::block_in_place(|| theirs(port, args.max_tokens))?;
+            (ours(&client, args.max_tokens).await?, r)
+        };
+        println!("{rep:>4} {:>10.1}ms {:>10.1}ms {:>12.1} {:>12.1} {:>8} {:>8}", o.ttft_ms, r.ttft_ms, o.decode_tok_s, r.decode_tok_s, o.tokens, r.tokens);
+        ot.push(o.ttft_ms);
+        rt.push(r.ttft_ms);
+        od.push(o.decode_tok_s);
+        rd.push(r.decode_tok_s);
+    }
+    let (mot, mrt, mod_, mrd) = (median(ot), median(rt), median(od), median(rd));
+    println!("median over {} reps: ttft ours {mot:.1} ms vs llama-server {mrt:.1} ms; decode ours {mod_:.1} vs llama-server {mrd:.1} tok/s", args.reps);
+    println!("socket/llama-server ttft={:.3} decode={:.3}", mot / mrt, mod_ / mrd);
+    Ok(())
+}
