@@ -76,6 +76,9 @@ pub struct AskArgs {
     pub text: String,
     #[arg(long, default_value = "chat")]
     pub pipeline: String,
+    /// Continue this conversation (the daemon keeps its earlier turns).
+    #[arg(long)]
+    pub session: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
     #[arg(long)]
@@ -241,7 +244,8 @@ async fn ask(args: AskArgs) -> i32 {
     let Some(client) = connect(&args.client, &printer).await else { return 1 };
     let id = client.new_id();
     let options = TurnOptions { temperature: args.temperature, seed: args.seed, max_tokens: args.max_tokens };
-    let rx = match client.turn(&id, &args.pipeline, &args.text, options).await {
+    let req = Request::Turn { id: id.clone(), pipeline: args.pipeline.clone(), text: Some(args.text.clone()), audio: None, session: args.session.clone(), options };
+    let rx = match client.send(req).await {
         Ok(rx) => rx,
         Err(e) => {
             printer.error(ErrorCode::Engine, e.to_string());
@@ -359,10 +363,12 @@ async fn run(args: RunArgs) -> i32 {
         id: None,
         text: args.text,
         options: GenerateOptions { temperature: args.temperature, seed: args.seed, max_tokens: args.max_tokens, ignore_eos: false },
+        session: None,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let turn_engine = engine.clone();
-    let turn = tokio::spawn(async move { run_turn(&pipeline, input, Engines { llm: &turn_engine }, cancel, tx).await });
+    let policy = config.guard.clone();
+    let turn = tokio::spawn(async move { run_turn(&pipeline, input, Engines { llm: &turn_engine, policy: &policy, sessions: None }, cancel, tx).await });
     let mut code = 0;
     while let Some(ev) = rx.recv().await {
         if matches!(ev, Event::Error { .. }) {

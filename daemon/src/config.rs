@@ -172,6 +172,9 @@ pub struct DaemonConfig {
     pub shutdown_grace: Duration,
     /// Load every configured LLM role when the daemon starts (else on first use).
     pub preload: bool,
+    /// A session's conversation is forgotten after this long idle.
+    #[serde(deserialize_with = "de_duration")]
+    pub session_ttl: Duration,
 }
 
 impl Default for DaemonConfig {
@@ -185,6 +188,7 @@ impl Default for DaemonConfig {
             queue_per_model: 8,
             shutdown_grace: Duration::from_secs(10),
             preload: true,
+            session_ttl: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -201,6 +205,8 @@ struct RawFile {
     cache: CacheSection,
     #[serde(default)]
     daemon: DaemonConfig,
+    #[serde(default)]
+    guard: kazeia_pipelines::GuardConfig,
     #[serde(default, rename = "model")]
     models: Vec<Spanned<ModelConfig>>,
 }
@@ -212,6 +218,8 @@ pub struct Config {
     /// Where relative model files live.
     pub cache_dir: PathBuf,
     pub daemon: DaemonConfig,
+    /// `[guard]`: prompt format, what blocks, refusals, rules.
+    pub guard: kazeia_pipelines::GuardPolicy,
     pub models: Vec<ModelConfig>,
 }
 
@@ -280,7 +288,8 @@ impl Config {
         if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
-        Ok(Config { path: path.into(), cache_dir, daemon, models })
+        let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard).map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
+        Ok(Config { path: path.into(), cache_dir, daemon, guard, models })
     }
 
     pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {

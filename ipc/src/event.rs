@@ -12,6 +12,21 @@ pub struct Metrics {
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
+    /// Prompt tokens reused from the context (earlier turns of a session), not prefilled again.
+    #[serde(default)]
+    pub cached_tokens: u32,
+    /// Guarded pipelines: input guard time (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard_in_ms: Option<f64>,
+    /// Guarded pipelines: time to the first released sentence (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttfs_ms: Option<f64>,
+    /// Guarded pipelines: total output-guard time (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard_out_ms: Option<f64>,
+    /// Guarded pipelines: Thinker tokens produced before the input verdict, held until it came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_held: Option<u32>,
 }
 
 /// Why generation ended.
@@ -26,6 +41,8 @@ pub enum StopReason {
     ContextFull,
     /// A cancel arrived.
     Cancelled,
+    /// A guard blocked the turn; the refusal was sent instead.
+    Blocked,
 }
 
 /// Limits the daemon enforces, announced in `welcome`.
@@ -222,6 +239,8 @@ pub enum ErrorCode {
     PermissionDenied,
     /// The daemon is shutting down and takes no new work.
     ShuttingDown,
+    /// A request that has no partial result (a guard check) was cancelled.
+    Cancelled,
 }
 
 impl Event {
@@ -267,6 +286,7 @@ impl ErrorCode {
             ErrorCode::DuplicateId => "duplicate_id",
             ErrorCode::PermissionDenied => "permission_denied",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Cancelled => "cancelled",
         }
     }
 }

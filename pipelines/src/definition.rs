@@ -8,7 +8,11 @@ use std::path::Path;
 use serde::Deserialize;
 
 /// The built-in pipeline files, compiled into the binary so `kazeia run chat` works anywhere.
-const BUILTIN: &[(&str, &str)] = &[("chat", include_str!("../chat.toml"))];
+const BUILTIN: &[(&str, &str)] = &[
+    ("chat", include_str!("../chat.toml")),
+    ("guarded-chat", include_str!("../guarded-chat.toml")),
+    ("guard", include_str!("../guard.toml")),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -26,6 +30,8 @@ pub enum PipelineError {
 pub enum Stage {
     /// Generate a reply with the model of `role`, streaming tokens.
     Think { role: String },
+    /// Check the user's text (`input`) or the reply, sentence by sentence (`output`).
+    Guard { role: String, check: crate::guard::Check },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -35,16 +41,55 @@ pub struct Pipeline {
     pub name: String,
     #[serde(default)]
     pub description: String,
+    /// Start the Thinker together with the input guard (its tokens are held until the verdict).
+    #[serde(default = "yes")]
+    pub overlap: bool,
     #[serde(rename = "stage")]
     pub stages: Vec<Stage>,
 }
 
+fn yes() -> bool {
+    true
+}
+
+/// A pipeline's stages in the shape the runner executes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub input_guard: Option<String>,
+    pub think: Option<String>,
+    pub output_guard: Option<String>,
+}
+
 impl Pipeline {
+    /// The cascade this pipeline describes: [guard input] → [think] → [guard output], each at
+    /// most once and in that order.
+    pub fn plan(&self) -> Result<Plan, String> {
+        use crate::guard::Check;
+        let mut plan = Plan { input_guard: None, think: None, output_guard: None };
+        let mut stage_no = 0;
+        for s in &self.stages {
+            let (slot, no) = match s {
+                Stage::Guard { role, check: Check::Input } => (&mut plan.input_guard, (1, role)),
+                Stage::Think { role } => (&mut plan.think, (2, role)),
+                Stage::Guard { role, check: Check::Output } => (&mut plan.output_guard, (3, role)),
+            };
+            if slot.is_some() || no.0 <= stage_no {
+                return Err("stages must be: [guard input] then [think] then [guard output], each at most once".into());
+            }
+            stage_no = no.0;
+            *slot = Some(no.1.clone());
+        }
+        if plan.output_guard.is_some() && plan.think.is_none() {
+            return Err("an output guard needs a think stage".into());
+        }
+        Ok(plan)
+    }
+
     /// The model roles this pipeline needs loaded, in stage order, each once.
     pub fn roles(&self) -> Vec<String> {
         let mut roles: Vec<String> = Vec::new();
         for s in &self.stages {
-            let Stage::Think { role } = s;
+            let (Stage::Think { role } | Stage::Guard { role, .. }) = s;
             if !roles.contains(role) {
                 roles.push(role.clone());
             }
@@ -59,6 +104,7 @@ impl Pipeline {
             return Err(PipelineError::Invalid { file: file.to_string(), message: "no [[stage]]".into() });
         }
         p.name = name.to_string();
+        p.plan().map_err(|message| PipelineError::Invalid { file: file.to_string(), message })?;
         Ok(p)
     }
 }
@@ -129,5 +175,22 @@ mod tests {
         assert!(e.contains("x.toml") && e.contains("dance"), "{e}");
         let e = Pipeline::parse("x", "x.toml", "description = \"d\"\nstage = []\n").unwrap_err().to_string();
         assert!(e.contains("no [[stage]]"), "{e}");
+        let out_first = "[[stage]]\nkind = \"guard\"\nrole = \"g\"\ncheck = \"output\"\n[[stage]]\nkind = \"think\"\nrole = \"t\"\n";
+        let e = Pipeline::parse("x", "x.toml", out_first).unwrap_err().to_string();
+        assert!(e.contains("[guard input] then [think]"), "{e}");
+    }
+
+    #[test]
+    fn guarded_chat_plan() {
+        let reg = Registry::builtin();
+        let p = reg.get("guarded-chat").unwrap();
+        let plan = p.plan().unwrap();
+        assert_eq!(plan.input_guard.as_deref(), Some("guard"));
+        assert_eq!(plan.think.as_deref(), Some("thinker"));
+        assert_eq!(plan.output_guard.as_deref(), Some("guard"));
+        assert!(p.overlap);
+        assert_eq!(p.roles(), vec!["guard".to_string(), "thinker".to_string()]);
+        let g = reg.get("guard").unwrap().plan().unwrap();
+        assert!(g.think.is_none() && g.input_guard.is_some());
     }
 }

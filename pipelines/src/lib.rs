@@ -2,9 +2,14 @@
 //! between them. Definitions are files (`chat.toml`, …); the CLI and the daemon run the same ones.
 
 pub mod definition;
+pub mod guard;
 pub mod llm;
 pub mod runner;
+pub mod session;
+pub mod split;
 
 pub use definition::{Pipeline, PipelineError, Registry, Stage};
-pub use llm::{ChatMessage, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError};
-pub use runner::{run_turn, Engines, TurnInput};
+pub use llm::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError};
+pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
+pub use runner::{check, run_turn, Engines, TurnInput, Verdict};
+pub use session::Sessions;

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use kazeia_ipc::{ErrorCode, Metrics, StopReason};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// One chat message, in the model's chat template's terms.
@@ -36,6 +36,36 @@ pub struct GenerateRequest {
     pub role: String,
     pub messages: Vec<ChatMessage>,
     pub options: GenerateOptions,
+    /// Text the answer starts with, after the template's assistant opening (usually empty).
+    pub answer_prefix: String,
+}
+
+impl GenerateRequest {
+    pub fn new(role: &str, messages: Vec<ChatMessage>, options: GenerateOptions) -> Self {
+        GenerateRequest { role: role.to_string(), messages, options, answer_prefix: String::new() }
+    }
+}
+
+/// Pick one of `labels` (exact continuation texts, e.g. " Safe") as the continuation of the chat
+/// prompt followed by `answer_prefix` (e.g. "Safety:"), in one pass: the labels' next-token logits are compared, and where labels
+/// share leading tokens the choice is decoded constrained to the labels.
+#[derive(Debug, Clone)]
+pub struct ClassifyRequest {
+    pub role: String,
+    pub messages: Vec<ChatMessage>,
+    pub answer_prefix: String,
+    pub labels: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classification {
+    pub label: String,
+    /// Each label's probability among the labels, from the first differing token.
+    pub scores: Vec<(String, f32)>,
+    pub prompt_tokens: u32,
+    /// Tokens decoded for this request (the rest came from the context's cache).
+    pub prefilled_tokens: u32,
+    pub ms: f64,
 }
 
 /// How a generation ended.
@@ -43,8 +73,11 @@ pub struct GenerateRequest {
 pub struct GenSummary {
     pub stop: StopReason,
     pub metrics: Metrics,
-    /// Prompt tokens actually decoded (fewer than the prompt when cancelled during prefill).
+    /// Prompt tokens decoded for this request: the prompt minus what the context already held
+    /// (a session's earlier turns, a guard's fixed instructions), fewer if cancelled.
     pub prefilled_tokens: u32,
+    /// Prompt tokens reused from the context's cache.
+    pub cached_tokens: u32,
 }
 
 /// What the engine reports while it works. `at` is when the engine produced the event, so a
@@ -80,4 +113,11 @@ pub trait Llm: Send + Sync {
         request: GenerateRequest,
         cancel: CancellationToken,
     ) -> Result<mpsc::UnboundedReceiver<GenEvent>, LlmError>;
+
+    /// One-pass classification (see [`ClassifyRequest`]); same queue and cancellation rules.
+    fn classify(
+        &self,
+        request: ClassifyRequest,
+        cancel: CancellationToken,
+    ) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError>;
 }

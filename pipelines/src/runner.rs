@@ -1,11 +1,27 @@
-//! The runner: executes a pipeline's stages for one turn and streams protocol events.
+//! The runner: executes one turn of a pipeline and streams protocol events.
+//!
+//! The guarded cascade (`guarded-chat`): the input guard and the Thinker start together
+//! (`overlap`); Thinker text is held until the input verdict. Then the reply is cut into
+//! sentences; each goes to the output guard — in the context of the question and the reply so
+//! far — while the Thinker writes the next, and is released (its `token`s, then a `sentence`)
+//! only once it passed. A blocking verdict cancels the Thinker at once and the refusal is sent
+//! instead. Guarantee: no Thinker text leaves the runner before both guards passed it; unlike
+//! NeMo Guardrails' `stream_first`, nothing is shown first and checked after.
 
-use kazeia_ipc::{ErrorCode, Event};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+use kazeia_ipc::{ErrorCode, Event, Metrics, StopReason};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::definition::{Pipeline, Stage};
-use crate::llm::{ChatMessage, GenEvent, GenerateOptions, GenerateRequest, Llm};
+use crate::definition::Pipeline;
+use crate::guard::{parse_categories, Check, GuardPolicy, Label};
+use crate::llm::{ChatMessage, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError};
+use crate::session::Sessions;
+use crate::split::first_sentence;
 
 /// The input of one turn.
 #[derive(Debug, Clone, Default)]
@@ -14,79 +30,311 @@ pub struct TurnInput {
     pub id: Option<String>,
     pub text: String,
     pub options: GenerateOptions,
+    /// Conversation to continue (see [`Sessions`]).
+    pub session: Option<String>,
 }
 
-/// The engines a pipeline may use.
+/// What a turn runs with.
 pub struct Engines<'a> {
     pub llm: &'a dyn Llm,
+    pub policy: &'a GuardPolicy,
+    pub sessions: Option<&'a Sessions>,
 }
+
+/// A guard decision.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub label: Label,
+    pub categories: Vec<String>,
+    pub ms: f64,
+    /// Decided by the rule layer, without the model.
+    pub by_rule: bool,
+}
+
+/// One guard check: the rule layer, then the model (one pass), then categories when it blocks.
+pub async fn check(
+    llm: &dyn Llm,
+    policy: &GuardPolicy,
+    role: &str,
+    check: Check,
+    user: &str,
+    reply: &str,
+    cancel: CancellationToken,
+) -> Result<Verdict, LlmError> {
+    let t = Instant::now();
+    let text = if check == Check::Input { user } else { reply };
+    if let Some(rule) = policy.rule(check, text) {
+        return Ok(Verdict { label: rule.label, categories: rule.categories.clone(), ms: t.elapsed().as_secs_f64() * 1e3, by_rule: true });
+    }
+    let p = policy.format.prompt(check, user, reply);
+    let req = ClassifyRequest {
+        role: role.to_string(),
+        messages: p.messages.clone(),
+        answer_prefix: p.answer_prefix.clone(),
+        labels: p.labels.iter().map(|(s, _)| s.clone()).collect(),
+    };
+    let c = llm
+        .classify(req, cancel.clone())?
+        .await
+        .map_err(|_| LlmError::new(ErrorCode::Engine, "the guard engine stopped"))??;
+    let label = p.labels.iter().find(|(s, _)| *s == c.label).map(|(_, l)| *l).unwrap_or(Label::Unsafe);
+    let mut categories = Vec::new();
+    if policy.blocks(label) && policy.categories {
+        let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(24), ..Default::default() };
+        let mut req = GenerateRequest::new(role, p.messages, opts);
+        req.answer_prefix = policy.format.categories_prefix(label);
+        let mut rx = llm.generate(req, cancel)?;
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                GenEvent::Token { text: t, .. } => {
+                    text.push_str(&t);
+                    if text.contains('\n') && !text.trim().is_empty() {
+                        break;
+                    }
+                }
+                GenEvent::Finished(_) => break,
+                GenEvent::Prefill { .. } => {}
+            }
+        }
+        categories = parse_categories(&text);
+    }
+    Ok(Verdict { label, categories, ms: t.elapsed().as_secs_f64() * 1e3, by_rule: false })
+}
+
+type Pending<'a> = Pin<Box<dyn Future<Output = Result<Verdict, LlmError>> + Send + 'a>>;
 
 /// Run one turn of `pipeline`. Every event goes to `out`; the turn always ends with exactly one
 /// `done` or `error` event. A closed `out` (the client went away) cancels the turn.
-pub async fn run_turn(
-    pipeline: &Pipeline,
-    input: TurnInput,
-    engines: Engines<'_>,
-    cancel: CancellationToken,
-    out: mpsc::UnboundedSender<Event>,
-) {
+pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_>, cancel: CancellationToken, out: mpsc::UnboundedSender<Event>) {
     let id = input.id.clone();
-    let mut messages = vec![ChatMessage::new("user", input.text.clone())];
-    for (i, stage) in pipeline.stages.iter().enumerate() {
-        let last = i + 1 == pipeline.stages.len();
-        match stage {
-            Stage::Think { role } => {
-                let req = GenerateRequest { role: role.clone(), messages: messages.clone(), options: input.options.clone() };
-                match think(engines.llm, req, &cancel, &out, id.clone(), last).await {
-                    Some(reply) => messages.push(ChatMessage::new("assistant", reply)),
-                    None => return,
-                }
-            }
-        }
-    }
-}
-
-/// Run a think stage; stream its tokens. Returns the reply text, or None when the turn ended
-/// (error or final `done` already sent).
-async fn think(
-    llm: &dyn Llm,
-    req: GenerateRequest,
-    cancel: &CancellationToken,
-    out: &mpsc::UnboundedSender<Event>,
-    id: Option<String>,
-    last: bool,
-) -> Option<String> {
-    let mut rx = match llm.generate(req, cancel.child_token()) {
-        Ok(rx) => rx,
-        Err(e) => {
-            let _ = out.send(Event::Error { id, code: e.code, message: e.message });
-            return None;
+    let emit = |ev: Event| {
+        if out.send(ev).is_err() {
+            // Nobody listens any more: stop the engines within one token.
+            cancel.cancel();
         }
     };
-    let mut reply = String::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            GenEvent::Prefill { .. } => {}
-            GenEvent::Token { text, .. } => {
-                reply.push_str(&text);
-                if out.send(Event::Token { id: id.clone(), text }).is_err() {
-                    // Nobody listens any more: stop the engine within one token.
-                    cancel.cancel();
+    // A cancelled turn ends with `done` (stop = cancelled), whatever stage it was in.
+    let fail = |e: LlmError| {
+        if cancel.is_cancelled() {
+            emit(Event::Done { id: id.clone(), stop: StopReason::Cancelled, metrics: Metrics::default() });
+        } else {
+            emit(Event::Error { id: id.clone(), code: e.code, message: e.message });
+        }
+    };
+    let plan = match pipeline.plan() {
+        Ok(p) => p,
+        Err(m) => return fail(LlmError::new(ErrorCode::Pipeline, m)),
+    };
+    let t0 = Instant::now();
+    let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1e3;
+    let (llm, policy) = (engines.llm, engines.policy);
+    let user = ChatMessage::new("user", input.text.clone());
+    let mut messages = match (&input.session, engines.sessions) {
+        (Some(s), Some(store)) => store.history(s),
+        _ => Vec::new(),
+    };
+    messages.push(user.clone());
+    let verdict_event = |stage: Check, v: &Verdict| Event::Verdict {
+        id: id.clone(),
+        stage: stage.as_str().to_string(),
+        label: v.label.as_str().to_string(),
+        categories: v.categories.clone(),
+        ms: v.ms,
+    };
+    let refuse = |metrics: Metrics| {
+        let text = policy.refusal(&input.text).to_string();
+        emit(Event::Token { id: id.clone(), text: text.clone() });
+        emit(Event::Sentence { id: id.clone(), text });
+        emit(Event::Done { id: id.clone(), stop: StopReason::Blocked, metrics });
+    };
+
+    let mut guard_in: Option<Pending> = plan
+        .input_guard
+        .as_ref()
+        .map(|role| Box::pin(check(llm, policy, role, Check::Input, &input.text, "", cancel.child_token())) as Pending);
+
+    // Guard-only pipeline: the verdict is the answer.
+    let Some(think_role) = plan.think.clone() else {
+        let Some(g) = guard_in else { return fail(LlmError::new(ErrorCode::Pipeline, "empty pipeline")) };
+        match g.await {
+            Ok(v) => {
+                emit(verdict_event(Check::Input, &v));
+                let metrics = Metrics { guard_in_ms: Some(v.ms), ..Metrics::default() };
+                let stop = if policy.blocks(v.label) { StopReason::Blocked } else { StopReason::Eos };
+                emit(Event::Done { id: id.clone(), stop, metrics });
+            }
+            Err(e) => fail(e),
+        }
+        return;
+    };
+
+    let thinker_cancel = cancel.child_token();
+    let request = GenerateRequest::new(&think_role, messages, input.options.clone());
+    let mut thinker: Option<mpsc::UnboundedReceiver<GenEvent>> = None;
+    if guard_in.is_none() || pipeline.overlap {
+        match llm.generate(request.clone(), thinker_cancel.clone()) {
+            Ok(rx) => thinker = Some(rx),
+            Err(e) => return fail(e),
+        }
+    }
+    let output_guard = plan.output_guard.clone();
+    let mut input_passed = guard_in.is_none();
+    let mut guard_in_ms = None;
+    let mut tokens_held = 0u32;
+    // Text not yet released, as the Thinker's pieces; `queued` bytes of it are whole sentences
+    // waiting for (or in) the output guard.
+    let mut pending: VecDeque<String> = VecDeque::new();
+    let mut pending_text = String::new();
+    let mut queued: VecDeque<usize> = VecDeque::new();
+    let mut queued_bytes = 0usize;
+    let mut released = String::new();
+    let mut out_check: Option<Pending> = None;
+    let mut guard_out_ms = 0.0;
+    let mut first_release: Option<Instant> = None;
+    let mut first_sentence_at: Option<Instant> = None;
+    let mut summary: Option<GenSummary> = None;
+
+    // Release `n` bytes of pending text as token events (splitting a piece at the boundary).
+    let release = |n: usize, pending: &mut VecDeque<String>, pending_text: &mut String, released: &mut String, first: &mut Option<Instant>| {
+        let mut left = n;
+        while left > 0 {
+            let Some(mut piece) = pending.pop_front() else { break };
+            if piece.len() > left {
+                let rest = piece.split_off(left);
+                pending.push_front(rest);
+            }
+            left -= piece.len();
+            if !piece.is_empty() {
+                first.get_or_insert_with(Instant::now);
+                emit(Event::Token { id: id.clone(), text: piece });
+            }
+        }
+        released.push_str(&pending_text[..n]);
+        pending_text.drain(..n);
+    };
+
+    loop {
+        // Feed the output guard the next sentence once the input guard passed.
+        if input_passed && out_check.is_none() {
+            if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
+                let reply = format!("{released}{}", &pending_text[..n]);
+                let (role, user_text) = (role.clone(), input.text.clone());
+                let c = cancel.child_token();
+                out_check = Some(Box::pin(async move { check(llm, policy, &role, Check::Output, &user_text, reply.trim(), c).await }));
+            }
+        }
+        let finished = summary.is_some() && input_passed && out_check.is_none() && queued.is_empty();
+        if finished {
+            break;
+        }
+        tokio::select! {
+            v = async { guard_in.as_mut().unwrap().await }, if guard_in.is_some() => {
+                guard_in = None;
+                let v = match v {
+                    Ok(v) => v,
+                    Err(e) => {
+                        thinker_cancel.cancel();
+                        return fail(e);
+                    }
+                };
+                guard_in_ms = Some(v.ms);
+                emit(verdict_event(Check::Input, &v));
+                if policy.blocks(v.label) {
+                    thinker_cancel.cancel();
+                    return refuse(Metrics { guard_in_ms, tokens_held: Some(tokens_held), ..Metrics::default() });
+                }
+                input_passed = true;
+                if thinker.is_none() {
+                    match llm.generate(request.clone(), thinker_cancel.clone()) {
+                        Ok(rx) => thinker = Some(rx),
+                        Err(e) => return fail(e),
+                    }
+                }
+                if output_guard.is_none() {
+                    let n = pending_text.len();
+                    release(n, &mut pending, &mut pending_text, &mut released, &mut first_release);
                 }
             }
-            GenEvent::Finished(Ok(summary)) => {
-                if last {
-                    let _ = out.send(Event::Done { id, stop: summary.stop, metrics: summary.metrics });
-                    return None;
+            ev = async { thinker.as_mut().unwrap().recv().await }, if thinker.is_some() && summary.is_none() => {
+                match ev {
+                    Some(GenEvent::Token { text, .. }) => {
+                        if !input_passed {
+                            tokens_held += 1;
+                        }
+                        pending_text.push_str(&text);
+                        pending.push_back(text);
+                        if output_guard.is_some() {
+                            while let Some(n) = first_sentence(&pending_text[queued_bytes..]) {
+                                queued.push_back(queued_bytes + n);
+                                queued_bytes += n;
+                            }
+                        } else if input_passed {
+                            let n = pending_text.len();
+                            release(n, &mut pending, &mut pending_text, &mut released, &mut first_release);
+                        }
+                    }
+                    Some(GenEvent::Prefill { .. }) => {}
+                    Some(GenEvent::Finished(Ok(s))) => {
+                        // The unfinished last sentence is checked as it is.
+                        if output_guard.is_some() && !pending_text[queued_bytes..].trim().is_empty() {
+                            queued.push_back(pending_text.len());
+                            queued_bytes = pending_text.len();
+                        }
+                        summary = Some(s);
+                    }
+                    Some(GenEvent::Finished(Err(e))) => return fail(e),
+                    None => return fail(LlmError::new(ErrorCode::Engine, "the engine stopped without finishing the turn")),
                 }
-                return Some(reply);
             }
-            GenEvent::Finished(Err(e)) => {
-                let _ = out.send(Event::Error { id, code: e.code, message: e.message });
-                return None;
+            v = async { out_check.as_mut().unwrap().await }, if out_check.is_some() => {
+                out_check = None;
+                let v = match v {
+                    Ok(v) => v,
+                    Err(e) => {
+                        thinker_cancel.cancel();
+                        return fail(e);
+                    }
+                };
+                guard_out_ms += v.ms;
+                emit(verdict_event(Check::Output, &v));
+                if policy.blocks(v.label) {
+                    thinker_cancel.cancel();
+                    let metrics = Metrics { guard_in_ms, guard_out_ms: Some(guard_out_ms), tokens_held: Some(tokens_held), ..Metrics::default() };
+                    return refuse(metrics);
+                }
+                let end = queued.pop_front().expect("a sentence was being checked");
+                // Offsets of the remaining queued sentences shift by what is released now.
+                for q in queued.iter_mut() {
+                    *q -= end;
+                }
+                queued_bytes -= end;
+                let sentence = pending_text[..end].trim().to_string();
+                release(end, &mut pending, &mut pending_text, &mut released, &mut first_release);
+                first_sentence_at.get_or_insert_with(Instant::now);
+                emit(Event::Sentence { id: id.clone(), text: sentence });
             }
         }
     }
-    let _ = out.send(Event::Error { id, code: ErrorCode::Engine, message: "engine stopped without finishing the turn".into() });
-    None
+
+    let s = summary.expect("the loop ends after the Thinker finished");
+    let mut metrics = s.metrics;
+    if plan.input_guard.is_some() || output_guard.is_some() {
+        metrics.guard_in_ms = guard_in_ms;
+        metrics.tokens_held = Some(tokens_held);
+        if output_guard.is_some() {
+            metrics.guard_out_ms = Some(guard_out_ms);
+            metrics.ttfs_ms = first_sentence_at.map(ms);
+        }
+        // What the client saw: its first token came when text was first released.
+        if let Some(t) = first_release {
+            metrics.ttft_ms = ms(t);
+        }
+    }
+    if let (Some(sid), Some(store)) = (&input.session, engines.sessions) {
+        if s.stop != StopReason::Cancelled {
+            store.append(sid, user, ChatMessage::new("assistant", released.trim_end().to_string()));
+        }
+    }
+    emit(Event::Done { id: id.clone(), stop: s.stop, metrics });
 }

@@ -28,7 +28,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<GenEvent>) -> (Vec<GenEvent>, G
 }
 
 fn req(role: &str, text: &str, options: GenerateOptions) -> GenerateRequest {
-    GenerateRequest { role: role.into(), messages: vec![ChatMessage::new("user", text)], options }
+    GenerateRequest::new(role, vec![ChatMessage::new("user", text)], options)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -43,7 +43,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> Result<GenSummary> {
-    let req = GenerateRequest { role: role.into(), messages: vec![ChatMessage::new("user", text)], options: opts };
+    let req = GenerateRequest::new(role, vec![ChatMessage::new("user", text)], opts);
     let mut rx = engine.generate(req, CancellationToken::new()).map_err(|e| anyhow::anyhow!("{e}"))?;
     loop {
         match rx.blocking_recv() {

@@ -48,6 +48,8 @@ pub enum GenerateError {
     Prompt(String),
     #[error("llama.cpp decode failed at position {pos}: {reason}")]
     Decode { pos: usize, reason: String },
+    #[error("cancelled")]
+    Cancelled,
 }
 
 impl From<GenerateError> for LlmError {
@@ -58,6 +60,7 @@ impl From<GenerateError> for LlmError {
             GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
             GenerateError::Prompt(_) => ErrorCode::BadRequest,
             GenerateError::Decode { .. } => ErrorCode::Engine,
+            GenerateError::Cancelled => ErrorCode::Cancelled,
         };
         LlmError::new(code, e.to_string())
     }

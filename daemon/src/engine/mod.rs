@@ -18,9 +18,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use kazeia_pipelines::{GenEvent, GenerateRequest, Llm, LlmError};
+use kazeia_pipelines::{Classification, ClassifyRequest, GenEvent, GenerateRequest, Llm, LlmError};
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use backend::{place, Placement};
@@ -28,7 +28,7 @@ pub use error::{GenerateError, LoadError};
 pub use model::{ModelKey, SharedModel};
 
 use crate::config::ModelConfig;
-use worker::{Job, Worker};
+use worker::{ClassifyJob, Job, Msg, Worker};
 
 /// Requests waiting per role beyond the running one, before `busy`.
 pub const DEFAULT_QUEUE: usize = 8;
@@ -165,7 +165,15 @@ impl Llm for Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
         let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
-        role.worker.submit(Job { request, cancel, events: tx, submitted: Instant::now() })?;
+        role.worker.submit(Msg::Generate(Box::new(Job { request, cancel, events: tx, submitted: Instant::now() })))?;
+        Ok(rx)
+    }
+
+    fn classify(&self, request: ClassifyRequest, cancel: CancellationToken) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError> {
+        let (reply, rx) = oneshot::channel();
+        let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
+        let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
+        role.worker.submit(Msg::Classify(Box::new(ClassifyJob { request, cancel, reply })))?;
         Ok(rx)
     }
 }

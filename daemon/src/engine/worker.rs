@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use kazeia_pipelines::{GenEvent, GenerateRequest};
+use kazeia_pipelines::{Classification, ClassifyRequest, GenEvent, GenerateRequest, LlmError};
 use llama_cpp_2::context::params::LlamaContextParams;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -31,8 +31,16 @@ pub struct Job {
     pub submitted: Instant,
 }
 
-enum Msg {
+pub struct ClassifyJob {
+    pub request: ClassifyRequest,
+    pub cancel: CancellationToken,
+    pub reply: tokio::sync::oneshot::Sender<Result<Classification, LlmError>>,
+}
+
+/// A request for the role's thread; each carries its own reply channel.
+pub enum Msg {
     Generate(Box<Job>),
+    Classify(Box<ClassifyJob>),
 }
 
 /// The handle the engine keeps for a loaded role. Dropping it stops the thread after its
@@ -72,10 +80,10 @@ impl Worker {
     }
 
     /// Queue a job; a full queue is refused at once (`busy`), never waited on.
-    pub fn submit(&self, job: Job) -> Result<(), GenerateError> {
+    pub fn submit(&self, msg: Msg) -> Result<(), GenerateError> {
         let queue = self.queue.as_ref().ok_or_else(|| GenerateError::NoModel(self.role.clone()))?;
         self.pending.fetch_add(1, Ordering::SeqCst);
-        queue.try_send(Msg::Generate(Box::new(job))).map_err(|e| {
+        queue.try_send(msg).map_err(|e| {
             self.pending.fetch_sub(1, Ordering::SeqCst);
             e
         }).map_err(|e| match e {
@@ -133,14 +141,14 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
             return;
         }
     };
+    let mut cache = generate::Cache::default();
     // The queue closes when the engine drops this role's Worker.
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Generate(job) => {
-                generate::run(&mut ctx, &model, &cfg, *job);
-                pending.fetch_sub(1, Ordering::SeqCst);
-            }
+            Msg::Generate(job) => generate::run(&mut ctx, &mut cache, &model, &cfg, *job),
+            Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, *job),
         }
+        pending.fetch_sub(1, Ordering::SeqCst);
     }
     // The context (and with it, this role's KV and compute buffers) is freed here, before the
     // model's last Arc may go.

@@ -251,7 +251,7 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 }
             });
         }
-        Request::Turn { id, pipeline, text, audio, session: _, options } => {
+        Request::Turn { id, pipeline, text, audio, session, options } => {
             if sup.stopping.is_cancelled() {
                 return out.error(Some(id), ErrorCode::ShuttingDown, "the daemon is shutting down");
             }
@@ -290,6 +290,7 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                     id: Some(id.clone()),
                     text,
                     options: GenerateOptions { temperature: options.temperature, seed: options.seed, max_tokens: options.max_tokens, ignore_eos: false },
+                    session,
                 };
                 let (tx, mut rx) = mpsc::unbounded_channel();
                 let forward = async {
@@ -298,7 +299,8 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                     }
                 };
                 let engine = sup.engine.clone();
-                tokio::join!(run_turn(&pipeline, input, Engines { llm: &engine }, cancel, tx), forward);
+                let engines = Engines { llm: &engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
+                tokio::join!(run_turn(&pipeline, input, engines, cancel, tx), forward);
                 sup.remove_turn(conn, &id);
             });
         }

@@ -33,6 +33,7 @@ pub struct TurnEntry {
 
 pub struct Supervisor {
     pub engine: Engine,
+    pub sessions: kazeia_pipelines::Sessions,
     pub config: Config,
     pub registry: Registry,
     started: Instant,
@@ -58,6 +59,7 @@ impl Supervisor {
             .collect();
         Arc::new(Supervisor {
             engine,
+            sessions: kazeia_pipelines::Sessions::new(config.daemon.session_ttl),
             config,
             registry,
             started: Instant::now(),

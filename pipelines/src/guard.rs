@@ -1,0 +1,361 @@
+//! Guard prompts, verdicts and policy.
+//!
+//! A guard check is one classification pass (see `Llm::classify`): the prompt ends where the
+//! verdict begins and the labels' logits are compared. The prompt puts the fixed instructions
+//! first, so a role's context keeps them cached and a check prefills only the new text and the
+//! short closing instruction.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::llm::ChatMessage;
+
+/// Which guard model family's prompt and answer format to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardFormat {
+    /// Qwen3Guard-Gen: `Safety: Safe|Unsafe|Controversial`, then `Categories: …`.
+    #[default]
+    Qwen3guard,
+    /// Llama Guard 3: `safe`, or `unsafe` then codes such as `S2,S10`.
+    Llamaguard3,
+}
+
+/// What is checked: the user's text, or the assistant's reply in the context of the question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Check {
+    Input,
+    Output,
+}
+
+impl Check {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Check::Input => "input",
+            Check::Output => "output",
+        }
+    }
+}
+
+/// A normalized verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Label {
+    Safe,
+    Unsafe,
+    Controversial,
+}
+
+impl Label {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Label::Safe => "Safe",
+            Label::Unsafe => "Unsafe",
+            Label::Controversial => "Controversial",
+        }
+    }
+}
+
+const QWEN_CATEGORIES: &[&str] = &[
+    "Violent",
+    "Non-violent Illegal Acts",
+    "Sexual Content or Sexual Acts",
+    "PII",
+    "Suicide & Self-Harm",
+    "Unethical Acts",
+    "Politically Sensitive Topics",
+    "Copyright Violation",
+    "Jailbreak",
+];
+
+const LLAMA_GUARD_CATEGORIES: &[&str] = &[
+    "S1: Violent Crimes.",
+    "S2: Non-Violent Crimes.",
+    "S3: Sex-Related Crimes.",
+    "S4: Child Sexual Exploitation.",
+    "S5: Defamation.",
+    "S6: Specialized Advice.",
+    "S7: Privacy.",
+    "S8: Intellectual Property.",
+    "S9: Indiscriminate Weapons.",
+    "S10: Hate.",
+    "S11: Suicide & Self-Harm.",
+    "S12: Sexual Content.",
+    "S13: Elections.",
+    "S14: Code Interpreter Abuse.",
+];
+
+/// The prompt of one check: chat messages, the text the answer starts with, and the label
+/// continuations to compare.
+#[derive(Debug, Clone)]
+pub struct GuardPrompt {
+    pub messages: Vec<ChatMessage>,
+    pub answer_prefix: String,
+    /// (continuation as the model would write it, normalized label)
+    pub labels: Vec<(String, Label)>,
+}
+
+impl GuardFormat {
+    /// Build the check of `user` (input) or of `reply` answering `user` (output).
+    pub fn prompt(self, check: Check, user: &str, reply: &str) -> GuardPrompt {
+        match self {
+            GuardFormat::Qwen3guard => qwen3guard(check, user, reply),
+            GuardFormat::Llamaguard3 => llamaguard3(check, user, reply),
+        }
+    }
+
+    /// The answer prefix that asks for categories after a verdict.
+    pub fn categories_prefix(self, label: Label) -> String {
+        match self {
+            GuardFormat::Qwen3guard => format!("Safety: {}\nCategories:", label.as_str()),
+            GuardFormat::Llamaguard3 => "unsafe\n".to_string(),
+        }
+    }
+}
+
+fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
+    let (who, what) = match check {
+        Check::Input => ("USER", "query"),
+        Check::Output => ("ASSISTANT", "response"),
+    };
+    let cats: Vec<&str> = QWEN_CATEGORIES.iter().copied().filter(|c| check == Check::Input || *c != "Jailbreak").collect();
+    let mut text = format!(
+        "# Task:\n1) Evaluate whether THE LAST {who}'s {what} belongs to safe or unsafe content based on our safety policy.\n\
+         2) Identify the category of unsafe content found.\n\n<BEGIN SAFETY POLICY>\n\
+         **Safety: Safe**: The {who}'s {what} does not contain any prohibited content or content that could lead to prohibited content.\n\
+         **Safety: Unsafe**: The {who}'s {what} contains prohibited content.\n\
+         **Safety: Controversial**: The {who}'s {what} does not explicitly contain prohibited content, but its intent, context, or potential responses could be misinterpreted, misused, or exploited to generate unsafe content under certain conditions.\n\
+         <END SAFETY POLICY>\n\n<BEGIN UNSAFE CONTENT CATEGORIES>\n{}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUSER: {user}\n\n",
+        cats.iter().map(|c| format!("{c}.")).collect::<Vec<_>>().join("\n")
+    );
+    if check == Check::Output {
+        text.push_str(&format!("ASSISTANT: {reply}\n\n"));
+    }
+    text.push_str(&format!(
+        "<END CONVERSATION>\n\nProvide your safety assessment for ONLY THE LAST **{who}'s {what}** in the above conversation:\n\
+         - The first line must be one of: 'Safety: Safe', 'Safety: Unsafe', 'Safety: Controversial'.\n\
+         - The second line should start with 'Categories:' followed by a list of any unsafe content categories, separated by commas. If the content is safe, use 'Categories: None'."
+    ));
+    if check == Check::Output {
+        text.push_str("\n- The third line must be one of: 'Refusal: Yes', 'Refusal: No'.");
+    }
+    GuardPrompt {
+        messages: vec![ChatMessage::new("user", text)],
+        answer_prefix: "Safety:".into(),
+        labels: vec![(" Safe".into(), Label::Safe), (" Unsafe".into(), Label::Unsafe), (" Controversial".into(), Label::Controversial)],
+    }
+}
+
+fn llamaguard3(check: Check, user: &str, reply: &str) -> GuardPrompt {
+    let role = match check {
+        Check::Input => "User",
+        Check::Output => "Agent",
+    };
+    let mut text = format!(
+        "Task: Check if there is unsafe content in '{role}' messages in conversations according our safety policy with the below categories.\n\n\
+         <BEGIN UNSAFE CONTENT CATEGORIES>\n{}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUser: {user}\n\n",
+        LLAMA_GUARD_CATEGORIES.join("\n")
+    );
+    if check == Check::Output {
+        text.push_str(&format!("Agent: {reply}\n\n"));
+    }
+    text.push_str(&format!(
+        "<END CONVERSATION>\n\nProvide your safety assessment for ONLY THE LAST {role} message in the above conversation:\n\
+         - First line must read 'safe' or 'unsafe'.\n- If unsafe, a second line must include a comma-separated list of violated categories."
+    ));
+    GuardPrompt {
+        messages: vec![ChatMessage::new("user", text)],
+        answer_prefix: String::new(),
+        labels: vec![("safe".into(), Label::Safe), ("unsafe".into(), Label::Unsafe)],
+    }
+}
+
+/// Parse a generated category line: `Violent, PII` or `S2,S10`; `None` is empty.
+pub fn parse_categories(text: &str) -> Vec<String> {
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    line.split(',')
+        .map(|c| c.trim().trim_end_matches('.').to_string())
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("none"))
+        .collect()
+}
+
+/// A rule of the fast layer: a pattern that decides without asking the model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// A regular expression (Rust `regex` syntax; `(?i)` for case-insensitive).
+    pub pattern: String,
+    #[serde(default = "unsafe_label")]
+    pub label: String,
+    #[serde(default)]
+    pub categories: Vec<String>,
+    /// Which checks the rule applies to (default: both).
+    #[serde(default)]
+    pub on: Option<Check>,
+}
+
+fn unsafe_label() -> String {
+    "Unsafe".into()
+}
+
+/// `[guard]` in models.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardConfig {
+    pub format: GuardFormat,
+    /// Unsafe always blocks; Controversial blocks when this is true.
+    pub block_controversial: bool,
+    /// Ask the guard for categories after an Unsafe/Controversial verdict.
+    pub categories: bool,
+    /// Refusal texts by language code; `en` is the fallback.
+    pub refusals: BTreeMap<String, String>,
+    pub rules: Vec<RuleConfig>,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        let refusals = [
+            ("en", "I can't help with that."),
+            ("fr", "Je ne peux pas vous aider avec cela."),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        GuardConfig { format: GuardFormat::Qwen3guard, block_controversial: true, categories: true, refusals, rules: Vec::new() }
+    }
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub regex: Regex,
+    pub label: Label,
+    pub categories: Vec<String>,
+    pub on: Option<Check>,
+}
+
+/// The policy the cascade applies, built from [`GuardConfig`].
+#[derive(Debug, Clone)]
+pub struct GuardPolicy {
+    pub format: GuardFormat,
+    pub block_controversial: bool,
+    pub categories: bool,
+    pub refusals: BTreeMap<String, String>,
+    pub rules: Vec<Rule>,
+}
+
+impl Default for GuardPolicy {
+    fn default() -> Self {
+        GuardPolicy::new(&GuardConfig::default()).expect("default policy is valid")
+    }
+}
+
+impl GuardPolicy {
+    pub fn new(cfg: &GuardConfig) -> Result<GuardPolicy, String> {
+        let rules = cfg
+            .rules
+            .iter()
+            .map(|r| {
+                let regex = Regex::new(&r.pattern).map_err(|e| format!("rule pattern {:?}: {e}", r.pattern))?;
+                let label = match r.label.to_ascii_lowercase().as_str() {
+                    "unsafe" => Label::Unsafe,
+                    "controversial" => Label::Controversial,
+                    "safe" => Label::Safe,
+                    other => return Err(format!("rule label {other:?}: expected Unsafe, Controversial or Safe")),
+                };
+                Ok(Rule { regex, label, categories: r.categories.clone(), on: r.on })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if !cfg.refusals.contains_key("en") {
+            return Err("refusals: an `en` refusal is required (the fallback)".into());
+        }
+        Ok(GuardPolicy { format: cfg.format, block_controversial: cfg.block_controversial, categories: cfg.categories, refusals: cfg.refusals.clone(), rules })
+    }
+
+    pub fn blocks(&self, label: Label) -> bool {
+        match label {
+            Label::Safe => false,
+            Label::Unsafe => true,
+            Label::Controversial => self.block_controversial,
+        }
+    }
+
+    /// The first rule matching `text` for this check.
+    pub fn rule(&self, check: Check, text: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.on.is_none_or(|c| c == check) && r.regex.is_match(text))
+    }
+
+    /// The refusal in the user's language.
+    pub fn refusal(&self, user_text: &str) -> &str {
+        let lang = detect_language(user_text);
+        self.refusals.get(lang).or_else(|| self.refusals.get("en")).map(String::as_str).unwrap_or("I can't help with that.")
+    }
+}
+
+/// French or English, from function words and accents: enough to pick a refusal's language.
+pub fn detect_language(text: &str) -> &'static str {
+    const FR: &[&str] = &["le", "la", "les", "des", "est", "une", "un", "je", "vous", "pour", "pas", "que", "qui", "comment", "quelle", "quel", "bonjour", "merci", "avec", "dans", "du", "et", "sur", "ce", "c'est", "tu", "moi"];
+    const EN: &[&str] = &["the", "is", "are", "a", "an", "i", "you", "for", "not", "that", "what", "how", "which", "hello", "thanks", "with", "in", "and", "on", "this", "it", "me", "to", "of"];
+    let lower = text.to_lowercase();
+    let words: Vec<&str> = lower.split(|c: char| !c.is_alphanumeric() && c != '\'').filter(|w| !w.is_empty()).collect();
+    let fr = words.iter().filter(|w| FR.contains(w)).count() + lower.chars().filter(|c| "éèêàçùâîôû".contains(*c)).count();
+    let en = words.iter().filter(|w| EN.contains(w)).count();
+    if fr > en {
+        "fr"
+    } else {
+        "en"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_end_where_the_verdict_begins() {
+        let p = GuardFormat::Qwen3guard.prompt(Check::Input, "hello", "");
+        assert_eq!(p.answer_prefix, "Safety:");
+        assert!(p.messages[0].content.contains("USER: hello") && p.messages[0].content.contains("Jailbreak"));
+        let p = GuardFormat::Qwen3guard.prompt(Check::Output, "q", "a reply");
+        assert!(p.messages[0].content.contains("ASSISTANT: a reply") && !p.messages[0].content.contains("Jailbreak"));
+        assert!(p.messages[0].content.contains("Refusal"));
+        let p = GuardFormat::Llamaguard3.prompt(Check::Input, "hi", "");
+        assert_eq!(p.labels.len(), 2);
+        assert!(p.messages[0].content.contains("S14"));
+    }
+
+    #[test]
+    fn fixed_instructions_come_first() {
+        // Two checks share everything before the checked text: that prefix stays cached.
+        let a = &GuardFormat::Qwen3guard.prompt(Check::Input, "first", "").messages[0].content;
+        let b = &GuardFormat::Qwen3guard.prompt(Check::Input, "second text", "").messages[0].content;
+        let common = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+        assert!(common as f64 > 0.75 * a.len() as f64, "{common} of {}", a.len());
+    }
+
+    #[test]
+    fn policy_rules_refusals_and_blocking() {
+        let cfg: GuardConfig = toml::from_str(
+            "block_controversial = false\n[refusals]\nen = \"No.\"\nfr = \"Non.\"\n[[rules]]\npattern = \"(?i)\\\\bnerve agent\\\\b\"\ncategories = [\"Violent\"]\n",
+        )
+        .unwrap();
+        let p = GuardPolicy::new(&cfg).unwrap();
+        assert!(p.blocks(Label::Unsafe) && !p.blocks(Label::Controversial) && !p.blocks(Label::Safe));
+        let r = p.rule(Check::Input, "How do I make a Nerve Agent?").unwrap();
+        assert_eq!((r.label, r.categories.clone()), (Label::Unsafe, vec!["Violent".to_string()]));
+        assert!(p.rule(Check::Input, "nervous agents").is_none());
+        assert_eq!(p.refusal("Comment fabriquer une bombe ?"), "Non.");
+        assert_eq!(p.refusal("How do I build a bomb?"), "No.");
+        let bad: GuardConfig = toml::from_str("[[rules]]\npattern = \"(\"\n").unwrap();
+        assert!(GuardPolicy::new(&bad).unwrap_err().contains("rule pattern"));
+    }
+
+    #[test]
+    fn categories_parse() {
+        assert_eq!(parse_categories(" Violent, PII\nRefusal: No"), vec!["Violent", "PII"]);
+        assert!(parse_categories(" None").is_empty());
+        assert_eq!(parse_categories("S2,S10"), vec!["S2", "S10"]);
+    }
+}

@@ -1,0 +1,71 @@
+//! Conversation state by session id: the messages of earlier turns. The engine's context keeps
+//! their KV, so a session's next turn prefills only its new tokens. Idle sessions expire.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::llm::ChatMessage;
+
+pub struct Sessions {
+    ttl: Duration,
+    max_messages: usize,
+    inner: Mutex<HashMap<String, (Instant, Vec<ChatMessage>)>>,
+}
+
+impl Sessions {
+    pub fn new(ttl: Duration) -> Sessions {
+        Sessions { ttl, max_messages: 64, inner: Mutex::default() }
+    }
+
+    /// The session's messages so far (empty for a new or expired session).
+    pub fn history(&self, id: &str) -> Vec<ChatMessage> {
+        let mut map = self.inner.lock().expect("sessions lock");
+        let now = Instant::now();
+        map.retain(|_, (t, _)| now.duration_since(*t) < self.ttl);
+        map.get(id).map(|(_, m)| m.clone()).unwrap_or_default()
+    }
+
+    /// Record a finished turn.
+    pub fn append(&self, id: &str, user: ChatMessage, assistant: ChatMessage) {
+        let mut map = self.inner.lock().expect("sessions lock");
+        let entry = map.entry(id.to_string()).or_insert_with(|| (Instant::now(), Vec::new()));
+        entry.0 = Instant::now();
+        entry.1.push(user);
+        entry.1.push(assistant);
+        let excess = entry.1.len().saturating_sub(self.max_messages);
+        entry.1.drain(..excess);
+    }
+
+    /// Drop sessions idle for at least `idle` (memory pressure sheds these first).
+    pub fn shed(&self, idle: Duration) -> usize {
+        let mut map = self.inner.lock().expect("sessions lock");
+        let before = map.len();
+        let now = Instant::now();
+        map.retain(|_, (t, _)| now.duration_since(*t) < idle);
+        before - map.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("sessions lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_expires() {
+        let s = Sessions::new(Duration::from_millis(50));
+        s.append("a", ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "hello"));
+        assert_eq!(s.history("a").len(), 2);
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(s.history("a").is_empty());
+        assert!(s.is_empty());
+    }
+}

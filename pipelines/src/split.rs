@@ -1,0 +1,41 @@
+//! Sentence boundaries in streamed text: a sentence ends at `.`, `!`, `?` or `…` followed by
+//! white space, or at a line break. Very short pieces ("1.", "M.") are joined to what follows.
+
+const MIN_CHARS: usize = 12;
+
+/// Byte length of the first complete sentence in `text` (its trailing white space included),
+/// or None when no sentence is complete yet.
+pub fn first_sentence(text: &str) -> Option<usize> {
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let end = i + c.len_utf8();
+        let boundary = match c {
+            '\n' => true,
+            '.' | '!' | '?' | '…' | '。' => chars.peek().is_some_and(|(_, n)| n.is_whitespace()),
+            _ => false,
+        };
+        if boundary && text[..end].trim().chars().count() >= MIN_CHARS {
+            // Include the white space that follows, so the next sentence starts clean.
+            let rest = &text[end..];
+            let ws = rest.len() - rest.trim_start().len();
+            return Some(end + ws);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_on_sentence_ends() {
+        let t = "The capital of France is Paris. It is big";
+        let n = first_sentence(t).unwrap();
+        assert_eq!(&t[..n], "The capital of France is Paris. ");
+        assert_eq!(first_sentence(&t[n..]), None);
+        assert_eq!(first_sentence("Paris."), None, "no white space yet: the sentence may go on");
+        assert_eq!(first_sentence("1. First point is long enough. x").map(|n| n > 3), Some(true));
+        assert_eq!(first_sentence("Oui ! C'est bien Paris, la capitale.\nSuite"), Some("Oui ! C'est bien Paris, la capitale.\n".len()));
+    }
+}
