@@ -343,7 +343,7 @@ async fn run(args: RunArgs) -> i32 {
         }
     };
 
-    let engine = Engine::new();
+    let engine = Engine::new().with_exclusive_compute(config.daemon.exclusive_compute);
     for role in pipeline.roles() {
         if let Err(e) = load_role(&engine, &config, &role, !args.json).await {
             printer.error(e.code, e.message);

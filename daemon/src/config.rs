@@ -105,6 +105,10 @@ pub struct ModelConfig {
     pub thinking: bool,
     #[serde(default)]
     pub flash_attn: FlashAttn,
+    /// Sequences the context keeps cached side by side (a guard: 2, input and output checks).
+    /// They share the n_ctx cells.
+    #[serde(default = "d_slots")]
+    pub cache_slots: u32,
     #[serde(default)]
     pub sampling: Sampling,
 }
@@ -123,6 +127,9 @@ fn d_backend() -> Backend {
 }
 fn d_keep_alive() -> Option<Duration> {
     Some(Duration::from_secs(30 * 60))
+}
+fn d_slots() -> u32 {
+    1
 }
 fn d_priority() -> u32 {
     50
@@ -172,6 +179,9 @@ pub struct DaemonConfig {
     pub shutdown_grace: Duration,
     /// Load every configured LLM role when the daemon starts (else on first use).
     pub preload: bool,
+    /// Roles decode one at a time, alternating per prefill chunk or token (best when the roles'
+    /// threads together exceed the cores); false lets them run in parallel.
+    pub exclusive_compute: bool,
     /// A session's conversation is forgotten after this long idle.
     #[serde(deserialize_with = "de_duration")]
     pub session_ttl: Duration,
@@ -188,6 +198,7 @@ impl Default for DaemonConfig {
             queue_per_model: 8,
             shutdown_grace: Duration::from_secs(10),
             preload: true,
+            exclusive_compute: true,
             session_ttl: Duration::from_secs(30 * 60),
         }
     }

@@ -44,6 +44,9 @@ pub struct Pipeline {
     /// Start the Thinker together with the input guard (its tokens are held until the verdict).
     #[serde(default = "yes")]
     pub overlap: bool,
+    /// Guard checks reuse the cached KV of their fixed instructions.
+    #[serde(default = "yes")]
+    pub prefix_cache: bool,
     #[serde(rename = "stage")]
     pub stages: Vec<Stage>,
 }

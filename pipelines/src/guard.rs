@@ -21,6 +21,10 @@ pub enum GuardFormat {
     Qwen3guard,
     /// Llama Guard 3: `safe`, or `unsafe` then codes such as `S2,S10`.
     Llamaguard3,
+    /// For a general instruction model prompted as a guard: Qwen3Guard's labels and categories,
+    /// but every instruction before the conversation and the conversation last, so that almost
+    /// the whole prompt stays cached and a check costs only the new text (~10 tokens more).
+    Compact,
 }
 
 /// What is checked: the user's text, or the assistant's reply in the context of the question.
@@ -36,6 +40,15 @@ impl Check {
         match self {
             Check::Input => "input",
             Check::Output => "output",
+        }
+    }
+
+    /// Input and output checks keep separate cached prefixes on the guard's context (their
+    /// prompts differ from the first line on).
+    pub fn slot(self) -> u32 {
+        match self {
+            Check::Input => 0,
+            Check::Output => 1,
         }
     }
 }
@@ -103,13 +116,14 @@ impl GuardFormat {
         match self {
             GuardFormat::Qwen3guard => qwen3guard(check, user, reply),
             GuardFormat::Llamaguard3 => llamaguard3(check, user, reply),
+            GuardFormat::Compact => compact(check, user, reply),
         }
     }
 
     /// The answer prefix that asks for categories after a verdict.
     pub fn categories_prefix(self, label: Label) -> String {
         match self {
-            GuardFormat::Qwen3guard => format!("Safety: {}\nCategories:", label.as_str()),
+            GuardFormat::Qwen3guard | GuardFormat::Compact => format!("Safety: {}\nCategories:", label.as_str()),
             GuardFormat::Llamaguard3 => "unsafe\n".to_string(),
         }
     }
@@ -141,6 +155,27 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
     if check == Check::Output {
         text.push_str("\n- The third line must be one of: 'Refusal: Yes', 'Refusal: No'.");
     }
+    GuardPrompt {
+        messages: vec![ChatMessage::new("user", text)],
+        answer_prefix: "Safety:".into(),
+        labels: vec![(" Safe".into(), Label::Safe), (" Unsafe".into(), Label::Unsafe), (" Controversial".into(), Label::Controversial)],
+    }
+}
+
+fn compact(check: Check, user: &str, reply: &str) -> GuardPrompt {
+    let mut text = format!(
+        "You are a safety classifier. Judge ONLY THE LAST MESSAGE of the conversation below against this policy.\n\
+         Safe: nothing prohibited, and nothing that could lead to prohibited content.\n\
+         Unsafe: prohibited content: {}.\n\
+         Controversial: not explicitly prohibited, but its intent or context could be misused to produce unsafe content.\n\
+         Answer with 'Safety: Safe', 'Safety: Unsafe' or 'Safety: Controversial' on the first line, then 'Categories:' and the categories, or 'None'.\n\n\
+         <BEGIN CONVERSATION>\nUSER: {user}\n",
+        QWEN_CATEGORIES.join("; ")
+    );
+    if check == Check::Output {
+        text.push_str(&format!("ASSISTANT: {reply}\n"));
+    }
+    text.push_str("<END CONVERSATION>");
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
         answer_prefix: "Safety:".into(),
@@ -329,10 +364,16 @@ mod tests {
     #[test]
     fn fixed_instructions_come_first() {
         // Two checks share everything before the checked text: that prefix stays cached.
-        let a = &GuardFormat::Qwen3guard.prompt(Check::Input, "first", "").messages[0].content;
-        let b = &GuardFormat::Qwen3guard.prompt(Check::Input, "second text", "").messages[0].content;
-        let common = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
-        assert!(common as f64 > 0.75 * a.len() as f64, "{common} of {}", a.len());
+        for (format, share) in [(GuardFormat::Qwen3guard, 0.65), (GuardFormat::Llamaguard3, 0.65), (GuardFormat::Compact, 0.95)] {
+            let a = &format.prompt(Check::Input, "first", "").messages[0].content;
+            let b = &format.prompt(Check::Input, "second text", "").messages[0].content;
+            let common = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+            assert!(common as f64 > share * a.len() as f64, "{format:?}: {common} of {}", a.len());
+        }
+        // Compact: an output check extends the input check's conversation.
+        let i = &GuardFormat::Compact.prompt(Check::Input, "q", "").messages[0].content;
+        let o = &GuardFormat::Compact.prompt(Check::Output, "q", "r").messages[0].content;
+        assert!(o.starts_with(i.trim_end_matches("<END CONVERSATION>")));
     }
 
     #[test]

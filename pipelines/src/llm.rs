@@ -38,11 +38,14 @@ pub struct GenerateRequest {
     pub options: GenerateOptions,
     /// Text the answer starts with, after the template's assistant opening (usually empty).
     pub answer_prefix: String,
+    /// Which of the role's cached sequences to use (see `cache_slots` in models.toml): requests
+    /// of different shapes on one role keep their own reusable prefix.
+    pub slot: u32,
 }
 
 impl GenerateRequest {
     pub fn new(role: &str, messages: Vec<ChatMessage>, options: GenerateOptions) -> Self {
-        GenerateRequest { role: role.to_string(), messages, options, answer_prefix: String::new() }
+        GenerateRequest { role: role.to_string(), messages, options, answer_prefix: String::new(), slot: 0 }
     }
 }
 
@@ -55,6 +58,11 @@ pub struct ClassifyRequest {
     pub messages: Vec<ChatMessage>,
     pub answer_prefix: String,
     pub labels: Vec<String>,
+    /// Reuse what the context already holds (the guard's fixed instructions). False prefills the
+    /// whole prompt again: only for measuring what the cache saves.
+    pub reuse_cache: bool,
+    /// Cache slot, as for [`GenerateRequest::slot`].
+    pub slot: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]

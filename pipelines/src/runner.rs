@@ -52,6 +52,7 @@ pub struct Verdict {
 }
 
 /// One guard check: the rule layer, then the model (one pass), then categories when it blocks.
+#[allow(clippy::too_many_arguments)]
 pub async fn check(
     llm: &dyn Llm,
     policy: &GuardPolicy,
@@ -59,6 +60,7 @@ pub async fn check(
     check: Check,
     user: &str,
     reply: &str,
+    reuse_cache: bool,
     cancel: CancellationToken,
 ) -> Result<Verdict, LlmError> {
     let t = Instant::now();
@@ -72,6 +74,8 @@ pub async fn check(
         messages: p.messages.clone(),
         answer_prefix: p.answer_prefix.clone(),
         labels: p.labels.iter().map(|(s, _)| s.clone()).collect(),
+        reuse_cache,
+        slot: check.slot(),
     };
     let c = llm
         .classify(req, cancel.clone())?
@@ -83,6 +87,7 @@ pub async fn check(
         let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(24), ..Default::default() };
         let mut req = GenerateRequest::new(role, p.messages, opts);
         req.answer_prefix = policy.format.categories_prefix(label);
+        req.slot = check.slot();
         let mut rx = llm.generate(req, cancel)?;
         let mut text = String::new();
         while let Some(ev) = rx.recv().await {
@@ -152,7 +157,7 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
     let mut guard_in: Option<Pending> = plan
         .input_guard
         .as_ref()
-        .map(|role| Box::pin(check(llm, policy, role, Check::Input, &input.text, "", cancel.child_token())) as Pending);
+        .map(|role| Box::pin(check(llm, policy, role, Check::Input, &input.text, "", pipeline.prefix_cache, cancel.child_token())) as Pending);
 
     // Guard-only pipeline: the verdict is the answer.
     let Some(think_role) = plan.think.clone() else {
@@ -220,8 +225,8 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
             if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 let reply = format!("{released}{}", &pending_text[..n]);
                 let (role, user_text) = (role.clone(), input.text.clone());
-                let c = cancel.child_token();
-                out_check = Some(Box::pin(async move { check(llm, policy, &role, Check::Output, &user_text, reply.trim(), c).await }));
+                let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
+                out_check = Some(Box::pin(async move { check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c).await }));
             }
         }
         let finished = summary.is_some() && input_passed && out_check.is_none() && queued.is_empty();

@@ -23,10 +23,19 @@ use super::sampler::{self, SamplingPlan};
 use super::worker::{ClassifyJob, Job};
 use crate::config::ModelConfig;
 
-/// The tokens whose KV the context holds, in order (sequence 0).
+/// The tokens whose KV the context holds, per sequence (cache slot), in order.
 #[derive(Default)]
 pub struct Cache {
-    tokens: Vec<LlamaToken>,
+    seqs: Vec<Vec<LlamaToken>>,
+}
+
+impl Cache {
+    fn seq(&mut self, s: usize) -> &mut Vec<LlamaToken> {
+        if self.seqs.len() <= s {
+            self.seqs.resize_with(s + 1, Vec::new);
+        }
+        &mut self.seqs[s]
+    }
 }
 
 /// Outcome of a prefill.
@@ -42,9 +51,32 @@ struct Prefilled {
 
 struct Run<'a, 'c> {
     ctx: &'a mut LlamaContext<'c>,
+    /// This request's sequence: its cache slot.
+    seq: i32,
     cache: &'a mut Cache,
     model: &'a SharedModel,
     cfg: &'a ModelConfig,
+    compute: &'a Compute,
+}
+
+/// Who may run a decode. With `exclusive`, roles take turns one decode call (a prefill chunk or
+/// a token) at a time, fairly: on a machine with fewer cores than the roles' threads together,
+/// two OpenMP teams spinning at once slow both far more than alternating does. Without it the
+/// roles decode in parallel (more cores, or an NPU for one of them).
+pub struct Compute {
+    pub exclusive: bool,
+    lock: parking_lot::FairMutex<()>,
+}
+
+impl Compute {
+    pub fn new(exclusive: bool) -> Compute {
+        Compute { exclusive, lock: parking_lot::FairMutex::new(()) }
+    }
+
+    fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch) -> Result<(), llama_cpp_2::DecodeError> {
+        let _turn = self.exclusive.then(|| self.lock.lock());
+        ctx.decode(batch)
+    }
 }
 
 impl Run<'_, '_> {
@@ -66,17 +98,19 @@ impl Run<'_, '_> {
     /// in chunks. On return the cache matches what the KV holds, even when cancelled or failed.
     fn prefill(&mut self, tokens: &[LlamaToken], cancelled: &dyn Fn() -> bool, events: Option<&UnboundedSender<GenEvent>>) -> Result<Prefilled, GenerateError> {
         let t = Instant::now();
-        let common = self.cache.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let seq = self.seq;
+        let cached = self.cache.seq(seq as usize);
+        let common = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         // At least the last prompt token is decoded again: its logits are needed.
         let mut keep = common.min(tokens.len() - 1);
-        if keep < self.cache.tokens.len() {
-            let removed = self.ctx.clear_kv_cache_seq(Some(0), Some(keep as u32), None).unwrap_or(false);
+        if keep < cached.len() {
+            let removed = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(keep as u32), None).unwrap_or(false);
             if !removed {
                 // Recurrent state (e.g. Qwen3.5's DeltaNet layers) cannot be cut back: start over.
-                self.ctx.clear_kv_cache();
+                self.reset();
                 keep = 0;
             }
-            self.cache.tokens.truncate(keep);
+            self.cache.seq(seq as usize).truncate(keep);
         }
         let chunk = (self.cfg.prefill_chunk().min(self.ctx.n_batch()) as usize).max(1);
         let mut batch = LlamaBatch::new(chunk, 1);
@@ -88,16 +122,16 @@ impl Run<'_, '_> {
                 return Ok(Prefilled { decoded, cached: keep as u32, logits_idx, cancelled: true, secs: t.elapsed().as_secs_f64() });
             }
             batch.clear();
-            let base = self.cache.tokens.len();
+            let base = self.cache.seq(seq as usize).len();
             for (j, &tok) in piece.iter().enumerate() {
                 let pos = base + j;
-                batch.add(tok, pos as i32, &[0], pos + 1 == tokens.len()).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
+                batch.add(tok, pos as i32, &[seq], pos + 1 == tokens.len()).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
             }
-            if let Err(e) = self.ctx.decode(&mut batch) {
+            if let Err(e) = self.compute.decode(self.ctx, &mut batch) {
                 self.reset();
                 return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
             }
-            self.cache.tokens.extend_from_slice(piece);
+            self.cache.seq(seq as usize).extend_from_slice(piece);
             decoded += piece.len() as u32;
             logits_idx = batch.n_tokens() - 1;
             if let Some(ev) = events {
@@ -109,28 +143,39 @@ impl Run<'_, '_> {
 
     /// Decode one token at the end of the context.
     fn step(&mut self, batch: &mut LlamaBatch, token: LlamaToken) -> Result<(), GenerateError> {
-        let pos = self.cache.tokens.len();
+        let seq = self.seq;
+        let pos = self.cache.seq(seq as usize).len();
         batch.clear();
-        batch.add(token, pos as i32, &[0], true).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
-        if let Err(e) = self.ctx.decode(batch) {
+        batch.add(token, pos as i32, &[seq], true).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
+        if let Err(e) = self.compute.decode(self.ctx, batch) {
             self.reset();
             return Err(GenerateError::Decode { pos, reason: e.to_string() });
         }
-        self.cache.tokens.push(token);
+        self.cache.seq(seq as usize).push(token);
         Ok(())
     }
 
-    /// Forget everything (after a failed decode the KV state is unknown).
+    /// Forget this sequence (after a failed decode its KV state is unknown).
     fn reset(&mut self) {
-        self.ctx.clear_kv_cache();
-        self.cache.tokens.clear();
+        let seq = self.seq;
+        if !self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).unwrap_or(false) {
+            self.ctx.clear_kv_cache();
+            self.cache.seqs.clear();
+        }
+        self.cache.seq(seq as usize).clear();
     }
 }
 
+/// The sequence for a requested slot; slots beyond the role's `cache_slots` share the last.
+fn slot(cfg: &ModelConfig, requested: u32) -> i32 {
+    requested.min(cfg.cache_slots.max(1) - 1) as i32
+}
+
 /// Run a generation job. Always sends exactly one `Finished` event.
-pub fn run(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &ModelConfig, job: Job) {
+pub fn run(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &ModelConfig, compute: &Compute, job: Job) {
     let events = job.events.clone();
-    let mut run = Run { ctx, cache, model, cfg };
+    let seq = slot(cfg, job.request.slot);
+    let mut run = Run { ctx, seq, cache, model, cfg, compute };
     let result = generate(&mut run, &job).map_err(LlmError::from);
     let _ = events.send(GenEvent::Finished(result));
 }
@@ -223,8 +268,9 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
 }
 
 /// Run a classification job. Always answers once.
-pub fn run_classify(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &ModelConfig, job: ClassifyJob) {
-    let mut run = Run { ctx, cache, model, cfg };
+pub fn run_classify(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &ModelConfig, compute: &Compute, job: ClassifyJob) {
+    let seq = slot(cfg, job.request.slot);
+    let mut run = Run { ctx, seq, cache, model, cfg, compute };
     let result = classify(&mut run, &job.request, &job.cancel).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
@@ -242,6 +288,9 @@ fn classify(run: &mut Run<'_, '_>, req: &ClassifyRequest, cancel: &CancellationT
     }
     let tokens = run.tokenize(&req.messages, &req.answer_prefix)?;
     let cancelled = || cancel.is_cancelled();
+    if !req.reuse_cache {
+        run.reset();
+    }
     let pre = run.prefill(&tokens, &cancelled, None)?;
     if pre.cancelled {
         return Err(GenerateError::Cancelled);

@@ -60,15 +60,29 @@ struct Inner {
 }
 
 /// A cheap, cloneable handle to the engine.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
     queue_capacity: Option<usize>,
+    compute: Arc<generate::Compute>,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::new()
+    }
 }
 
 impl Engine {
+    /// An engine whose roles take turns decoding (see [`Engine::with_exclusive_compute`]).
     pub fn new() -> Engine {
-        Engine::default()
+        Engine { inner: Arc::default(), queue_capacity: None, compute: Arc::new(generate::Compute::new(true)) }
+    }
+
+    /// Whether roles decode one at a time (default) or in parallel. Set before loading roles.
+    pub fn with_exclusive_compute(mut self, exclusive: bool) -> Engine {
+        self.compute = Arc::new(generate::Compute::new(exclusive));
+        self
     }
 
     pub fn with_queue_capacity(mut self, n: usize) -> Engine {
@@ -99,7 +113,7 @@ impl Engine {
                 m
             }
         };
-        let worker = Worker::start(cfg.clone(), model.clone(), self.queue_capacity())?;
+        let worker = Worker::start(cfg.clone(), model.clone(), self.queue_capacity(), self.compute.clone())?;
         self.inner
             .roles
             .lock()

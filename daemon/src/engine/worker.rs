@@ -56,7 +56,7 @@ pub struct Worker {
 
 impl Worker {
     /// Start the role's thread and create its context there. Returns once the context exists.
-    pub fn start(cfg: ModelConfig, model: Arc<SharedModel>, queue_capacity: usize) -> Result<Worker, LoadError> {
+    pub fn start(cfg: ModelConfig, model: Arc<SharedModel>, queue_capacity: usize, compute: Arc<generate::Compute>) -> Result<Worker, LoadError> {
         let (tx, rx) = mpsc::sync_channel::<Msg>(queue_capacity);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LoadError>>();
         let role = cfg.role.clone();
@@ -64,7 +64,7 @@ impl Worker {
         let thread_pending = pending.clone();
         let thread = std::thread::Builder::new()
             .name(format!("llm-{role}"))
-            .spawn(move || run(cfg, model, rx, ready_tx, thread_pending))
+            .spawn(move || run(cfg, model, rx, ready_tx, thread_pending, compute))
             .map_err(|e| LoadError::Thread { role: role.clone(), reason: e.to_string() })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, pending, thread: Some(thread) }),
@@ -109,7 +109,7 @@ impl Drop for Worker {
     }
 }
 
-fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>, pending: Arc<AtomicUsize>) {
+fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>, pending: Arc<AtomicUsize>, compute: Arc<generate::Compute>) {
     let ctx = {
         let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
         let params = LlamaContextParams::default()
@@ -118,6 +118,8 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
             .with_n_ubatch(cfg.n_ubatch)
             .with_n_threads(cfg.threads as i32)
             .with_n_threads_batch(cfg.threads as i32)
+            .with_n_seq_max(cfg.cache_slots.max(1))
+            .with_kv_unified(true)
             .with_flash_attention_policy(match cfg.flash_attn {
                 FlashAttn::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
                 FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -145,8 +147,8 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
     // The queue closes when the engine drops this role's Worker.
     while let Ok(msg) = rx.recv() {
         match msg {
-            Msg::Generate(job) => generate::run(&mut ctx, &mut cache, &model, &cfg, *job),
-            Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, *job),
+            Msg::Generate(job) => generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+            Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
         }
         pending.fetch_sub(1, Ordering::SeqCst);
     }

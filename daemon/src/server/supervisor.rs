@@ -51,7 +51,7 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn new(config: Config, registry: Registry) -> Arc<Supervisor> {
-        let engine = Engine::new().with_queue_capacity(config.daemon.queue_per_model);
+        let engine = Engine::new().with_queue_capacity(config.daemon.queue_per_model).with_exclusive_compute(config.daemon.exclusive_compute);
         let roles = config
             .models
             .iter()
