@@ -42,7 +42,7 @@ async fn greedy_answer_names_paris() {
         options: GenerateOptions { temperature: Some(0.0), ..Default::default() },
         ..Default::default()
     };
-    run_turn(&pipeline, input, Engines { llm: &engine }, CancellationToken::new(), tx).await;
+    run_turn(&pipeline, input, Engines { llm: &engine, policy: &kazeia_pipelines::GuardPolicy::default(), sessions: None }, CancellationToken::new(), tx).await;
     let mut reply = String::new();
     let mut done = None;
     while let Some(ev) = rx.recv().await {
