@@ -1,7 +1,9 @@
 //! bench-socket: time to first token and decode speed, seen by a client, through our daemon's
 //! socket against llama.cpp's `llama-server` over HTTP with streaming. Same model, same prompt,
-//! same threads, context and batch sizes; greedy; prompt caching off on both sides (our daemon
-//! starts every sessionless turn from an empty context). Alternated, medians.
+//! same threads, context and batch sizes; greedy. Each request starts with a new request
+//! number, so neither side can reuse the previous prompt beyond the chat template's fixed
+//! opening (both reuse that: llama-server's `cache_prompt`, our context's prefix cache).
+//! Alternated, medians.
 //!
 //! Run it through `tools/bench-socket`, which builds llama-server from the same llama.cpp tree.
 
@@ -57,11 +59,15 @@ fn seen(start: Instant, stamps: &[Instant]) -> Result<Seen> {
     Ok(Seen { ttft_ms, decode_tok_s: (stamps.len() - 1) as f64 / span, tokens: stamps.len() })
 }
 
-async fn ours(client: &Client, max_tokens: u32) -> Result<Seen> {
+fn prompt(n: usize) -> String {
+    format!("Request {n}. {PROMPT}")
+}
+
+async fn ours(client: &Client, n: usize, max_tokens: u32) -> Result<Seen> {
     let id = client.new_id();
     let start = Instant::now();
     let mut rx = client
-        .turn(&id, "chat", PROMPT, TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens) })
+        .turn(&id, "chat", &prompt(n), TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens) })
         .await?;
     let mut stamps = Vec::new();
     while let Some(item) = rx.recv().await {
@@ -75,11 +81,11 @@ async fn ours(client: &Client, max_tokens: u32) -> Result<Seen> {
     bail!("daemon closed the connection")
 }
 
-fn theirs(port: u16, max_tokens: u32) -> Result<Seen> {
+fn theirs(port: u16, n: usize, max_tokens: u32) -> Result<Seen> {
     let body = serde_json::json!({
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt(n)}],
         "stream": true, "temperature": 0.0, "seed": 1, "max_tokens": max_tokens,
-        "cache_prompt": false,
+        "cache_prompt": true,
     });
     let start = Instant::now();
     let resp = ureq::post(&format!("http://127.0.0.1:{port}/v1/chat/completions"))
@@ -145,7 +151,7 @@ async fn main() -> Result<()> {
             .args(["-m", &model.display().to_string(), "--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["-t", &m.threads.to_string(), "-tb", &m.threads.to_string(), "-c", &m.n_ctx.to_string()])
             .args(["-b", &m.n_batch.to_string(), "-ub", &m.n_ubatch.to_string(), "-np", "1", "-ngl", "0"])
-            .args(["--no-mmap", "--jinja"])
+            .args(["--load-mode", "none"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -176,20 +182,22 @@ async fn main() -> Result<()> {
     }
 
     // Warm-up on both.
-    ours(&client, 8).await?;
-    tokio::task::block_in_place(|| theirs(port, 8))?;
+    ours(&client, 1000, 8).await?;
+    tokio::task::block_in_place(|| theirs(port, 1001, 8))?;
 
     println!("model: {} ({} threads, n_ctx {}, n_batch {}, n_ubatch {}), greedy, {} tokens max", model.display(), m.threads, m.n_ctx, m.n_batch, m.n_ubatch, args.max_tokens);
     println!("reference: {} {}", args.llama_server.display(), args.reference);
     println!("{:>4} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8}", "rep", "ours ttft", "ref ttft", "ours tok/s", "ref tok/s", "ours n", "ref n");
     let (mut ot, mut rt, mut od, mut rd) = (vec![], vec![], vec![], vec![]);
     for rep in 0..args.reps {
+        // Both sides get the same prompts (2·rep and 2·rep+1), in alternating order.
+        let (a, b) = (2 * rep, 2 * rep + 1);
         let (o, r) = if rep % 2 == 0 {
-            let o = ours(&client, args.max_tokens).await?;
-            (o, tokio::task::block_in_place(|| theirs(port, args.max_tokens))?)
+            let o = ours(&client, a, args.max_tokens).await?;
+            (o, tokio::task::block_in_place(|| theirs(port, a, args.max_tokens))?)
         } else {
-            let r = tokio::task::block_in_place(|| theirs(port, args.max_tokens))?;
-            (ours(&client, args.max_tokens).await?, r)
+            let r = tokio::task::block_in_place(|| theirs(port, b, args.max_tokens))?;
+            (ours(&client, b, args.max_tokens).await?, r)
         };
         println!("{rep:>4} {:>10.1}ms {:>10.1}ms {:>12.1} {:>12.1} {:>8} {:>8}", o.ttft_ms, r.ttft_ms, o.decode_tok_s, r.decode_tok_s, o.tokens, r.tokens);
         ot.push(o.ttft_ms);
