@@ -81,12 +81,30 @@ pub struct AskArgs {
     pub session: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// Per-turn overrides of a role's configured sampling.
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0 = greedy).
     #[arg(long)]
     pub temperature: Option<f32>,
     #[arg(long)]
     pub seed: Option<u32>,
     #[arg(long)]
     pub max_tokens: Option<u32>,
+}
+
+impl SamplingArgs {
+    fn turn_options(&self) -> TurnOptions {
+        TurnOptions { temperature: self.temperature, seed: self.seed, max_tokens: self.max_tokens }
+    }
+
+    fn generate_options(&self) -> GenerateOptions {
+        GenerateOptions { temperature: self.temperature, seed: self.seed, max_tokens: self.max_tokens, ignore_eos: false }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -98,13 +116,8 @@ pub struct RunArgs {
     pub text: String,
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Override the role's sampling temperature (0 = greedy).
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    #[arg(long)]
-    pub seed: Option<u32>,
-    #[arg(long)]
-    pub max_tokens: Option<u32>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Print one JSON event object per line instead of text.
     #[arg(long)]
     pub json: bool,
@@ -243,7 +256,7 @@ async fn ask(args: AskArgs) -> i32 {
     let printer = Printer { json: args.client.json };
     let Some(client) = connect(&args.client, &printer).await else { return 1 };
     let id = client.new_id();
-    let options = TurnOptions { temperature: args.temperature, seed: args.seed, max_tokens: args.max_tokens };
+    let options = args.sampling.turn_options();
     let req = Request::Turn { id: id.clone(), pipeline: args.pipeline.clone(), text: Some(args.text.clone()), audio: None, session: args.session.clone(), options };
     let rx = match client.send(req).await {
         Ok(rx) => rx,
@@ -362,7 +375,7 @@ async fn run(args: RunArgs) -> i32 {
     let input = TurnInput {
         id: None,
         text: args.text,
-        options: GenerateOptions { temperature: args.temperature, seed: args.seed, max_tokens: args.max_tokens, ignore_eos: false },
+        options: args.sampling.generate_options(),
         session: None,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();

@@ -381,3 +381,57 @@ fn systemd_socket_activation() {
     // The socket belongs to systemd: the daemon leaves it in place.
     assert!(path.exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn load_unload_and_subscribe() {
+    let d = Daemon::start(&config("preload = false"));
+    let c = d.client().await;
+    // A subscriber sees every change.
+    let sub = c.new_id();
+    let mut subs = c.send(kazeia_ipc::Request::Subscribe { id: sub.clone() }).await.unwrap();
+    let state = |ev: Incoming| match ev {
+        Incoming::Event(Event::Status { status, .. }) => status.models.iter().find(|m| m.role == "thinker").unwrap().state,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(state(subs.recv().await.unwrap()), kazeia_ipc::ModelState::Unloaded);
+
+    let mut rx = c.send(kazeia_ipc::Request::Load { id: c.new_id(), role: "thinker".into() }).await.unwrap();
+    let mut progress = 0;
+    loop {
+        match rx.recv().await.unwrap() {
+            Incoming::Event(Event::LoadProgress { progress: p, .. }) => {
+                assert!((0.0..=1.0).contains(&p));
+                progress += 1;
+            }
+            Incoming::Event(Event::Loaded { role, .. }) => break assert_eq!(role, "thinker"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(progress > 0);
+    let mut seen = vec![];
+    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(500), subs.recv()).await {
+        seen.push(state(ev));
+    }
+    assert!(seen.contains(&kazeia_ipc::ModelState::Loading) && seen.last() == Some(&kazeia_ipc::ModelState::Loaded), "{seen:?}");
+
+    let mut rx = c.send(kazeia_ipc::Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Unloaded { .. }))));
+    assert_eq!(c.status().await.unwrap().models[0].state, kazeia_ipc::ModelState::Unloaded);
+    // Unloading again, or loading an unknown role, is a clear error.
+    let mut rx = c.send(kazeia_ipc::Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Error { code: ErrorCode::NoModel, .. }))));
+    let mut rx = c.send(kazeia_ipc::Request::Load { id: c.new_id(), role: "ghost".into() }).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Error { code: ErrorCode::NoModel, .. }))));
+    // A turn loads what it needs, with progress on the turn's id.
+    let id = c.new_id();
+    let mut rx = c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut saw_progress = false;
+    let done = loop {
+        match rx.recv().await.unwrap() {
+            Incoming::Event(Event::LoadProgress { .. }) => saw_progress = true,
+            Incoming::Event(e @ (Event::Done { .. } | Event::Error { .. })) => break e,
+            _ => {}
+        }
+    };
+    assert!(saw_progress && matches!(done, Event::Done { .. }), "{done:?}");
+}

@@ -207,7 +207,7 @@ async fn cancel_during_the_guard_and_during_the_thinker() {
     tokio::time::timeout(std::time::Duration::from_secs(10), run).await.expect("the turn ended after the listener left").unwrap();
     // The worker counts the job done right after its last event: give it a moment.
     while engine.pending("thinker") != Some(0) || engine.pending("guard") != Some(0) {
-        assert!(t.elapsed() < std::time::Duration::from_secs(3), "engine still busy");
+        assert!(t.elapsed() < std::time::Duration::from_secs(3), "engine still busy: thinker {:?}, guard {:?}", engine.pending("thinker"), engine.pending("guard"));
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }

@@ -191,3 +191,53 @@ async fn unknown_role_and_context_overflow_are_clear_errors() {
     };
     assert_eq!(err.code, ErrorCode::ContextOverflow, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn classify_is_one_pass_cached_and_constrained() {
+    use kazeia_pipelines::ClassifyRequest;
+    let engine = Engine::new();
+    load(&engine, &model_toml("guard", &smollm2(), "n_ctx = 2048\ncache_slots = 2"), "guard").unwrap();
+    let ask = |text: &str, labels: &[&str], slot: u32| ClassifyRequest {
+        role: "guard".into(),
+        messages: vec![ChatMessage::new("user", format!("Answer with one word. {text}"))],
+        answer_prefix: "Answer:".into(),
+        labels: labels.iter().map(|s| s.to_string()).collect(),
+        reuse_cache: true,
+        slot,
+    };
+    let run = |req: ClassifyRequest| {
+        let rx = engine.classify(req, CancellationToken::new()).unwrap();
+        async move { rx.await.unwrap().unwrap() }
+    };
+    // Labels with distinct first tokens: one pass, probabilities over the labels.
+    let a = run(ask("What is the capital of France?", &[" Paris", " London", " Berlin"], 0)).await;
+    assert_eq!(a.label, " Paris", "{a:?}");
+    let total: f32 = a.scores.iter().map(|(_, p)| p).sum();
+    assert!((total - 1.0).abs() < 1e-3, "{a:?}");
+    assert_eq!(a.prefilled_tokens, a.prompt_tokens, "a cold context prefills everything");
+    // The same instructions again: only the changed tail is prefilled.
+    let b = run(ask("What is the capital of Germany?", &[" Paris", " London", " Berlin"], 0)).await;
+    assert!(b.prefilled_tokens < b.prompt_tokens / 2, "{b:?}");
+    // Another slot keeps its own cache and does not disturb slot 0.
+    let _ = run(ask("Is water wet?", &[" Yes", " No"], 1)).await;
+    let c = run(ask("What is the capital of Spain?", &[" Paris", " London", " Madrid"], 0)).await;
+    assert!(c.prefilled_tokens < c.prompt_tokens / 2, "{c:?}");
+    // Labels sharing their first token(s) are told apart by constrained decoding: the shared
+    // token is decoded, then what follows is compared.
+    let vocab_probe = run(ask("Is it safe to eat raw chicken?", &[" Unsafe", " Unsure"], 0)).await;
+    assert!([" Unsafe", " Unsure"].contains(&vocab_probe.label.as_str()));
+    let cold = vocab_probe.prefilled_tokens;
+    assert!(cold >= 1, "{vocab_probe:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gemma3_base_model_loads_and_generates() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("other", &kazeia_tests::gemma3(), "n_ctx = 512\nn_ubatch = 128"), "other").unwrap();
+    let info = engine.info("other").unwrap();
+    assert_eq!(info.architecture, "gemma3");
+    // No chat template in this base model: the text is the prompt.
+    let rx = engine.generate(req("other", "The capital of France is", GenerateOptions { max_tokens: Some(8), ..Default::default() }), CancellationToken::new()).unwrap();
+    let (_, s) = collect(rx).await;
+    assert!(s.metrics.generated_tokens >= 1 && s.metrics.prompt_tokens >= 4, "{s:?}");
+}

@@ -21,7 +21,7 @@ fn two_roles_on_one_file_load_it_once() {
         model_toml("other", &copy, extra)
     ));
     let engine = Engine::new();
-    let mut load = |role: &str| {
+    let load = |role: &str| {
         let before = (proc_status_bytes("VmRSS"), pss_bytes());
         let m = c.model(role).unwrap();
         engine.load(m, c.model_path(m), Box::new(|_| {})).unwrap();

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use kazeia_tools::median;
 use anyhow::{bail, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
@@ -66,11 +67,6 @@ async fn ttfs(engine: &Engine, config: &Config, pipeline: &Pipeline, prompt: &st
     Ok(r?.as_secs_f64() * 1e3)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
 
 #[tokio::main]
 async fn main() -> Result<()> {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
+use kazeia_tools::median;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
@@ -36,11 +37,6 @@ struct Args {
     tg: u32,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
 
 fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> Result<GenSummary> {
     let req = GenerateRequest::new(role, vec![ChatMessage::new("user", text)], opts);
@@ -130,13 +126,13 @@ fn main() -> Result<()> {
         }
         println!("{rep:>4} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>8.0}ms", opp[rep], rpp[rep], otg[rep], rtg[rep], ttft[rep]);
     }
-    let (mopp, mrpp, motg, mrtg) = (median(&mut opp), median(&mut rpp), median(&mut otg), median(&mut rtg));
+    let (mopp, mrpp, motg, mrtg) = (median(opp), median(rpp), median(otg), median(rtg));
     println!(
         "median over {} reps ({:.0} s): prefill {prompt_tokens} tokens ours {mopp:.1} vs llama-bench {mrpp:.1} tok/s; decode {} tokens ours {motg:.1} vs llama-bench {mrtg:.1} tok/s; ours ttft {:.0} ms",
         args.reps,
         started.elapsed().as_secs_f64(),
         args.tg,
-        median(&mut ttft)
+        median(ttft)
     );
     println!("engine/llama-bench decode={:.3} prefill={:.3}", motg / mrtg, mopp / mrpp);
     Ok(())

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kazeia_tools::median;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
@@ -120,11 +121,6 @@ impl Drop for Kill {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-}
 
 #[tokio::main]
 async fn main() -> Result<()> {

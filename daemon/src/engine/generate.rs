@@ -61,20 +61,23 @@ struct Run<'a, 'c> {
 
 /// Who may run a decode. With `exclusive`, roles take turns one decode call (a prefill chunk or
 /// a token) at a time, fairly: on a machine with fewer cores than the roles' threads together,
-/// two OpenMP teams spinning at once slow both far more than alternating does. Without it the
-/// roles decode in parallel (more cores, or an NPU for one of them).
+/// two OpenMP teams spinning at once slow both far more than alternating does. The turn is taken
+/// process-wide, since the cores are. Without it the roles decode in parallel (more cores, or an
+/// NPU for one of them).
 pub struct Compute {
     pub exclusive: bool,
-    lock: parking_lot::FairMutex<()>,
 }
+
+/// One decode at a time in this process, handed over in arrival order.
+static DECODE_TURN: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
 
 impl Compute {
     pub fn new(exclusive: bool) -> Compute {
-        Compute { exclusive, lock: parking_lot::FairMutex::new(()) }
+        Compute { exclusive }
     }
 
     fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch) -> Result<(), llama_cpp_2::DecodeError> {
-        let _turn = self.exclusive.then(|| self.lock.lock());
+        let _turn = self.exclusive.then(|| DECODE_TURN.lock());
         ctx.decode(batch)
     }
 }

@@ -38,7 +38,7 @@ pub struct Daemon {
 /// The thinker role on SmolLM2 plus `[daemon]` settings from `daemon_toml`.
 pub fn config(daemon_toml: &str) -> String {
     format!(
-        "[daemon]\npreload = true\n{daemon_toml}\n\n[[model]]\nrole = \"thinker\"\nfile = \"{}\"\nn_ctx = 2048\nthreads = 2\nbackend = \"auto\"\n[model.sampling]\ntemperature = 0.0\nmax_tokens = 64\n",
+        "[daemon]\n{daemon_toml}\n\n[[model]]\nrole = \"thinker\"\nfile = \"{}\"\nn_ctx = 2048\nthreads = 2\nbackend = \"auto\"\n[model.sampling]\ntemperature = 0.0\nmax_tokens = 64\n",
         smollm2().display()
     )
 }
@@ -128,7 +128,7 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("--- daemon log ---\n{}", self.stderr.lock().unwrap());
+            eprintln!("--- daemon log ---\n{}", self.stderr.lock().unwrap_or_else(|p| p.into_inner()));
         }
     }
 }
