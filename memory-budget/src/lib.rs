@@ -1,5 +1,11 @@
-//! Memory accounting for Kazeia: what a model will cost before it loads, from its file header.
+//! Memory accounting for Kazeia: what a model will cost before it loads, from its file header,
+//! and how a model larger than one HTP session is split.
 //!
 //! Pure: this crate never links llama.cpp, so the planner runs anywhere (`kazeia plan`).
 
+pub mod estimate;
 pub mod gguf;
+pub mod htp;
+
+pub use estimate::{estimate, layer_bytes, ContextParams, Estimate, Shape};
+pub use htp::{plan as plan_htp, HtpPlan, PlanError, DEFAULT_SESSION_CAP};

@@ -1,0 +1,192 @@
+//! What a model will cost in memory, from its GGUF header and the context settings.
+//!
+//! Components, as llama.cpp allocates them:
+//! - weights: the tensors' bytes. With mmap the CPU backend also copies repackable weights
+//!   (Q4_0, Q4_K, IQ4_NL on this machine's CPU) into an anonymous buffer while the mapped file
+//!   pages stay resident (FACTS.md, measured): they count twice.
+//! - KV cache: per token, only attention layers (Qwen3.5: its full-attention layers; Gemma 3:
+//!   global layers hold n_ctx tokens, sliding-window layers only the window).
+//! - recurrent state (Qwen3.5's DeltaNet layers): fixed per sequence, always F32.
+//! - compute buffer: dominated by the logits, n_ubatch × n_vocab × 4 B.
+
+use crate::gguf::{GgmlType, GgufHeader, Value};
+
+/// Context settings that change the cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ContextParams {
+    pub n_ctx: u64,
+    pub n_ubatch: u64,
+    /// Sequences kept side by side (cache slots); they share the n_ctx KV cells, but each has its
+    /// own recurrent state.
+    pub n_seq: u64,
+    pub mmap: bool,
+    /// Bytes per KV element (2 for f16).
+    pub kv_elem_bytes: u64,
+}
+
+impl Default for ContextParams {
+    fn default() -> Self {
+        ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 1, mmap: false, kv_elem_bytes: 2 }
+    }
+}
+
+/// The estimate, by component, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Estimate {
+    pub weights_bytes: u64,
+    /// The anonymous repack copy that mmap adds (0 without mmap).
+    pub repack_bytes: u64,
+    pub kv_bytes: u64,
+    pub recurrent_bytes: u64,
+    pub compute_bytes: u64,
+}
+
+impl Estimate {
+    pub fn total(&self) -> u64 {
+        self.weights_bytes + self.repack_bytes + self.kv_bytes + self.recurrent_bytes + self.compute_bytes
+    }
+}
+
+/// The architecture facts the estimate needs, read from the header.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub arch: String,
+    pub n_layer: u64,
+    pub n_vocab: u64,
+    /// Per layer: KV bytes per token per element size unit (n_head_kv × (k + v)), 0 for a layer
+    /// without attention.
+    pub kv_elems_per_token: Vec<u64>,
+    /// Per layer: tokens its KV holds at most (None: the whole context).
+    pub window: Vec<Option<u64>>,
+    /// Recurrent state per sequence, bytes (F32).
+    pub recurrent_bytes_per_seq: u64,
+}
+
+fn get_u64(h: &GgufHeader, key: &str) -> Option<u64> {
+    h.arch_u64(key)
+}
+
+/// A per-layer value that GGUF may store as one number or as an array.
+fn per_layer(h: &GgufHeader, key: &str, n_layer: u64) -> Option<Vec<u64>> {
+    let arch = h.architecture()?;
+    match h.get(&format!("{arch}.{key}"))? {
+        Value::Array(items) => Some(items.iter().map(|v| v.as_u64().unwrap_or(0)).collect()),
+        v => v.as_u64().map(|x| vec![x; n_layer as usize]),
+    }
+}
+
+impl Shape {
+    pub fn from_header(h: &GgufHeader) -> Result<Shape, String> {
+        let arch = h.architecture().ok_or("no general.architecture")?.to_string();
+        let need = |k: &str| get_u64(h, k).ok_or_else(|| format!("{arch}: no {arch}.{k} in the header"));
+        let n_layer = need("block_count")?;
+        let n_embd = need("embedding_length")?;
+        let n_head = need("attention.head_count")?.max(1);
+        let n_head_kv = per_layer(h, "attention.head_count_kv", n_layer).unwrap_or_else(|| vec![n_head; n_layer as usize]);
+        let k_len = get_u64(h, "attention.key_length").unwrap_or(n_embd / n_head);
+        let v_len = get_u64(h, "attention.value_length").unwrap_or(n_embd / n_head);
+        let n_vocab = match h.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(t)) => t.len() as u64,
+            _ => h.tensors.iter().find(|t| t.name == "token_embd.weight").and_then(|t| t.dims.get(1).copied()).unwrap_or(0),
+        };
+        let mut kv: Vec<u64> = (0..n_layer as usize).map(|i| n_head_kv.get(i).copied().unwrap_or(n_head) * (k_len + v_len)).collect();
+        let mut window = vec![None; n_layer as usize];
+        let mut recurrent = 0;
+        match arch.as_str() {
+            "qwen35" | "qwen3next" => {
+                // Layer i is full attention when (i + 1) % interval == 0; the others are DeltaNet.
+                let interval = get_u64(h, "full_attention_interval").unwrap_or(4).max(1);
+                let conv = need("ssm.conv_kernel")?;
+                let state = need("ssm.state_size")?;
+                let groups = need("ssm.group_count")?;
+                let inner = need("ssm.inner_size")?;
+                let per_layer_rs = 4 * ((conv - 1) * (inner + 2 * groups * state) + state * inner);
+                for (i, e) in kv.iter_mut().enumerate() {
+                    if (i as u64 + 1) % interval != 0 {
+                        *e = 0;
+                        recurrent += per_layer_rs;
+                    }
+                }
+            }
+            "gemma3" | "gemma2" => {
+                // Sliding-window layers keep only the window; every `pattern`-th layer is global.
+                if let Some(w) = get_u64(h, "attention.sliding_window") {
+                    let pattern = get_u64(h, "attention.sliding_window_pattern").unwrap_or(if arch == "gemma3" { 6 } else { 2 }).max(1);
+                    for (i, win) in window.iter_mut().enumerate() {
+                        if (i as u64 + 1) % pattern != 0 {
+                            *win = Some(w);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(Shape { arch, n_layer, n_vocab, kv_elems_per_token: kv, window, recurrent_bytes_per_seq: recurrent })
+    }
+}
+
+/// llama.cpp pads KV cells to 256.
+fn pad256(n: u64) -> u64 {
+    n.div_ceil(256) * 256
+}
+
+/// Tensor types the CPU backend repacks into its own buffer on x86 and ARM.
+fn repackable(t: GgmlType) -> bool {
+    t == GgmlType::Q4_0 || t == GgmlType::Q4_K || t == GgmlType(20)
+}
+
+pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
+    let shape = Shape::from_header(h)?;
+    let weights_bytes = h.weights_bytes();
+    let repack_bytes = if p.mmap {
+        h.tensors.iter().filter(|t| repackable(t.ggml_type) && t.dims.len() >= 2 && t.name != "token_embd.weight").map(|t| t.n_bytes()).sum()
+    } else {
+        0
+    };
+    let n_ctx = pad256(p.n_ctx);
+    let kv_bytes = shape
+        .kv_elems_per_token
+        .iter()
+        .zip(&shape.window)
+        .map(|(&e, w)| {
+            let cells = match w {
+                // The sliding-window cache holds the window per sequence plus one ubatch.
+                Some(win) => pad256((win * p.n_seq + p.n_ubatch).min(p.n_ctx)),
+                None => n_ctx,
+            };
+            e * p.kv_elem_bytes * cells
+        })
+        .sum();
+    Ok(Estimate {
+        weights_bytes,
+        repack_bytes,
+        kv_bytes,
+        recurrent_bytes: shape.recurrent_bytes_per_seq * p.n_seq,
+        compute_bytes: p.n_ubatch * shape.n_vocab * 4,
+    })
+}
+
+/// Bytes of each layer's tensors (`blk.<i>.`), and of the rest: (layers, token_embd, output
+/// incl. output_norm).
+pub fn layer_bytes(h: &GgufHeader) -> (Vec<u64>, u64, u64) {
+    let n = h.arch_u64("block_count").unwrap_or(0) as usize;
+    let mut layers = vec![0u64; n];
+    let (mut embd, mut output) = (0, 0);
+    for t in &h.tensors {
+        let b = t.n_bytes();
+        if let Some(rest) = t.name.strip_prefix("blk.") {
+            if let Some(i) = rest.split('.').next().and_then(|s| s.parse::<usize>().ok()) {
+                if i < n {
+                    layers[i] += b;
+                    continue;
+                }
+            }
+        }
+        if t.name.starts_with("token_embd") {
+            embd += b;
+        } else {
+            output += b;
+        }
+    }
+    (layers, embd, output)
+}
