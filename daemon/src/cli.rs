@@ -49,6 +49,14 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// What the configured models will cost and where they will run; loads nothing.
+    Plan {
+        #[command(flatten)]
+        common: CommonArgs,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +197,36 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Cancel { id, client } => cancel(client, id).await,
         Command::Load { role, client } => simple(client, |id| Request::Load { id, role }).await,
         Command::Unload { role, client } => simple(client, |id| Request::Unload { id, role }).await,
+        Command::Plan { common, json } => plan(&common, json),
+    }
+}
+
+fn plan(common: &CommonArgs, json: bool) -> i32 {
+    let printer = Printer { json };
+    let config = match Config::load(&common.config) {
+        Ok(c) => c,
+        Err(e) => {
+            printer.error(ErrorCode::BadConfig, e.to_string());
+            return 2;
+        }
+    };
+    match crate::plan::plan(&config) {
+        Ok(p) => {
+            if json {
+                println!("{}", serde_json::to_string(&p).expect("plan serializes"));
+            } else {
+                crate::plan::print(&p);
+            }
+            if p.fits {
+                0
+            } else {
+                3
+            }
+        }
+        Err(e) => {
+            printer.error(ErrorCode::ModelFile, e);
+            1
+        }
     }
 }
 

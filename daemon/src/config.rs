@@ -209,9 +209,73 @@ fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e} (e.g. \"10s\")")))
 }
 
+/// `[budget]`: how much memory the engine may use.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetConfig {
+    /// The device's RAM. Default: the 16 GB tablet.
+    #[serde(deserialize_with = "de_bytes")]
+    pub device_ram: u64,
+    /// Left to Android/Linux and other processes.
+    #[serde(deserialize_with = "de_bytes")]
+    pub reserve_os: u64,
+    /// Left to the Kazeia app itself.
+    #[serde(deserialize_with = "de_bytes")]
+    pub reserve_app: u64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig { device_ram: 16 * GIB, reserve_os: 4 * GIB, reserve_app: GIB }
+    }
+}
+
+impl BudgetConfig {
+    /// The engine's share.
+    pub fn budget_bytes(&self) -> u64 {
+        self.device_ram.saturating_sub(self.reserve_os + self.reserve_app)
+    }
+}
+
+const GIB: u64 = 1 << 30;
+
+/// A size: an integer of bytes, or a string such as "16GiB", "512MiB", "7.5GB".
+fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        N(u64),
+        S(String),
+    }
+    match Size::deserialize(d)? {
+        Size::N(n) => Ok(n),
+        Size::S(s) => parse_bytes(&s).ok_or_else(|| serde::de::Error::custom(format!("{s:?} is not a size (e.g. \"16GiB\", \"512MiB\", 1073741824)"))),
+    }
+}
+
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => GIB as f64,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        _ => return None,
+    };
+    Some((n * mult) as u64)
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
+    #[serde(default)]
+    budget: BudgetConfig,
     #[serde(default)]
     cache: CacheSection,
     #[serde(default)]
@@ -231,6 +295,7 @@ pub struct Config {
     pub daemon: DaemonConfig,
     /// `[guard]`: prompt format, what blocks, refusals, rules.
     pub guard: kazeia_pipelines::GuardPolicy,
+    pub budget: BudgetConfig,
     pub models: Vec<ModelConfig>,
 }
 
@@ -300,7 +365,7 @@ impl Config {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
         let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard).map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
-        Ok(Config { path: path.into(), cache_dir, daemon, guard, models })
+        Ok(Config { path: path.into(), cache_dir, daemon, guard, budget: raw.budget, models })
     }
 
     pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {
@@ -362,6 +427,18 @@ mod tests {
         assert!(e.contains("keep_alive"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[[model]]\nrole = \"t\"\nfile = \"b\"\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("16GiB"), Some(16 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Some(512 << 20));
+        assert_eq!(parse_bytes("7.5GB"), Some(7_500_000_000));
+        assert_eq!(parse_bytes("12 parsecs"), None);
+        let c = parse("[budget]\ndevice_ram = \"24GiB\"\nreserve_os = 2147483648\n").unwrap();
+        assert_eq!(c.budget.budget_bytes(), (24 << 30) - (2 << 30) - (1 << 30));
+        let e = parse("[budget]\ndevice_ram = \"lots\"\n").unwrap_err().to_string();
+        assert!(e.contains("models.toml:2") && e.contains("device_ram"), "{e}");
     }
 
     #[test]

@@ -4,4 +4,5 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod plan;
 pub mod server;

@@ -57,3 +57,24 @@ fn bad_config_and_unknown_pipeline_are_error_events() {
     assert_eq!(code, 1);
     assert!(out.contains("\"code\":\"model_file\"") && out.contains("/nonexistent/m.gguf"), "{out}");
 }
+
+#[test]
+fn plan_json_reads_headers_only() {
+    let (code, out, err) = kazeia(&["plan", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let p: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(p["fits"].as_bool().unwrap());
+    let models = p["models"].as_array().unwrap();
+    assert_eq!(models.len(), 2);
+    for m in models {
+        for k in ["weights_bytes", "kv_bytes", "recurrent_bytes", "compute_bytes", "total_bytes", "htp_sessions"] {
+            assert!(m[k].is_u64(), "{k} in {m}");
+        }
+        assert!(m["layer_ranges"].is_array() && m["backend"].is_string() && m["file"].is_string());
+    }
+    // The guard shares the Thinker's file: its weights are not counted twice.
+    assert_eq!(models[1]["shares_weights_with"], "thinker");
+    assert_eq!(models[1]["weights_bytes"], 0);
+    let sum: u64 = models.iter().map(|m| m["total_bytes"].as_u64().unwrap()).sum();
+    assert_eq!(p["total_bytes"].as_u64().unwrap(), sum);
+}

@@ -1,0 +1,127 @@
+//! `kazeia plan`: what the configured models will cost, and where they will run, before
+//! anything is loaded. Reads only GGUF headers (memory-budget).
+
+use std::path::Path;
+
+use kazeia_memory_budget::{estimate, gguf, layer_bytes, plan_htp, ContextParams, DEFAULT_SESSION_CAP};
+use serde::Serialize;
+
+use crate::config::{Backend, Config};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelPlan {
+    pub role: String,
+    pub file: String,
+    /// Roles earlier in the file that load the same file: this one adds no weights.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shares_weights_with: Option<String>,
+    pub weights_bytes: u64,
+    pub kv_bytes: u64,
+    pub recurrent_bytes: u64,
+    pub compute_bytes: u64,
+    pub total_bytes: u64,
+    pub backend: String,
+    pub htp_sessions: usize,
+    pub layer_ranges: Vec<[usize; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub htp_devices: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub budget_bytes: u64,
+    pub total_bytes: u64,
+    pub fits: bool,
+    pub models: Vec<ModelPlan>,
+}
+
+/// Plan every GGUF model of the config.
+pub fn plan(config: &Config) -> Result<Plan, String> {
+    let mut models: Vec<ModelPlan> = Vec::new();
+    for m in &config.models {
+        let path = config.model_path(m);
+        if path.extension().and_then(|e| e.to_str()) != Some("gguf") {
+            continue;
+        }
+        let header = gguf::read_header(&path).map_err(|e| e.to_string())?;
+        let params = ContextParams { n_ctx: u64::from(m.n_ctx), n_ubatch: u64::from(m.n_ubatch), n_seq: u64::from(m.cache_slots.max(1)), mmap: m.mmap, kv_elem_bytes: 2 };
+        let est = estimate(&header, &params).map_err(|e| format!("{}: {e}", path.display()))?;
+        let canonical = std::fs::canonicalize(&path).unwrap_or(path.clone());
+        let shares = models.iter().find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none()).map(|o| o.role.clone());
+        let weights = if shares.is_some() { 0 } else { est.weights_bytes + est.repack_bytes };
+        let (mut backend, mut sessions, mut ranges, mut devices, mut note) = ("cpu".to_string(), 0, Vec::new(), None, None);
+        if m.backend != Backend::Cpu {
+            let (layers, embd, output) = layer_bytes(&header);
+            match plan_htp(&layers, embd, output, DEFAULT_SESSION_CAP) {
+                Ok(p) => {
+                    backend = "htp".into();
+                    sessions = p.sessions.len();
+                    ranges = p.sessions.iter().map(|s| [s.layers.start, s.layers.end]).collect();
+                    devices = Some(p.devices_env);
+                    let here = crate::engine::place(m.backend);
+                    if here.device == "cpu" {
+                        note = Some(format!("planned for HTP; on this machine: {}", here.reason));
+                    }
+                }
+                Err(e) => note = Some(format!("no HTP split ({e}): CPU")),
+            }
+        }
+        let total = weights + est.kv_bytes + est.recurrent_bytes + est.compute_bytes;
+        models.push(ModelPlan {
+            role: m.role.clone(),
+            file: canonical.display().to_string(),
+            shares_weights_with: shares,
+            weights_bytes: weights,
+            kv_bytes: est.kv_bytes,
+            recurrent_bytes: est.recurrent_bytes,
+            compute_bytes: est.compute_bytes,
+            total_bytes: total,
+            backend,
+            htp_sessions: sessions,
+            layer_ranges: ranges,
+            htp_devices: devices,
+            note,
+        });
+    }
+    let total_bytes = models.iter().map(|m| m.total_bytes).sum();
+    let budget_bytes = config.budget.budget_bytes();
+    Ok(Plan { budget_bytes, total_bytes, fits: total_bytes <= budget_bytes, models })
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+pub fn print(p: &Plan) {
+    println!("{:<10} {:>10} {:>9} {:>9} {:>9} {:>10}  {:<7} {}", "role", "weights", "KV", "state", "compute", "total MiB", "backend", "HTP sessions / layers");
+    for m in &p.models {
+        let layers = m.layer_ranges.iter().map(|r| format!("{}..{}", r[0], r[1])).collect::<Vec<_>>().join(" ");
+        let weights = match &m.shares_weights_with {
+            Some(o) => format!("(={o})"),
+            None => mib(m.weights_bytes),
+        };
+        println!(
+            "{:<10} {:>10} {:>9} {:>9} {:>9} {:>10}  {:<7} {} {}",
+            m.role,
+            weights,
+            mib(m.kv_bytes),
+            mib(m.recurrent_bytes),
+            mib(m.compute_bytes),
+            mib(m.total_bytes),
+            m.backend,
+            m.htp_sessions,
+            layers
+        );
+        if let Some(n) = &m.note {
+            println!("{:<10} {n}", "");
+        }
+    }
+    println!(
+        "total {} MiB of a {} MiB budget: {}",
+        mib(p.total_bytes),
+        mib(p.budget_bytes),
+        if p.fits { "fits" } else { "DOES NOT FIT" }
+    );
+}
