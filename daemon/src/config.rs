@@ -443,7 +443,7 @@ mod tests {
 
     #[test]
     fn repo_model_files_parse() {
-        for f in ["models.toml"] {
+        for f in ["models.toml", "models.target.toml"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(f);
             let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
             assert!(c.model("thinker").is_ok() && c.model("guard").is_ok());

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kazeia_memory_budget::{estimate, gguf, layer_bytes, plan_htp, ContextParams, DEFAULT_SESSION_CAP};
+use kazeia_memory_budget::{estimate, gguf, htp_runs, layer_bytes, plan_htp, ContextParams, DEFAULT_SESSION_CAP};
 use serde::Serialize;
 
 use crate::config::{Backend, Config};
@@ -25,6 +25,8 @@ pub struct ModelPlan {
     pub layer_ranges: Vec<[usize; 2]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub htp_devices: Option<String>,
+    /// Of the weights, what stays on the CPU (embeddings, types the HTP cannot run).
+    pub cpu_weights_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -52,14 +54,16 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
         let shares = models.iter().find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none()).map(|o| o.role.clone());
         let weights = if shares.is_some() { 0 } else { est.weights_bytes + est.repack_bytes };
         let (mut backend, mut sessions, mut ranges, mut devices, mut note) = ("cpu".to_string(), 0, Vec::new(), None, None);
+        let mut cpu_weights = weights;
         if m.backend != Backend::Cpu {
-            let (layers, embd, output) = layer_bytes(&header);
-            match plan_htp(&layers, embd, output, DEFAULT_SESSION_CAP) {
+            let split = layer_bytes(&header, htp_runs);
+            match plan_htp(&split.layers, split.cpu, split.output, DEFAULT_SESSION_CAP) {
                 Ok(p) => {
                     backend = "htp".into();
                     sessions = p.sessions.len();
                     ranges = p.sessions.iter().map(|s| [s.layers.start, s.layers.end]).collect();
                     devices = Some(p.devices_env);
+                    cpu_weights = if shares.is_some() { 0 } else { p.cpu_bytes };
                     let here = crate::engine::place(m.backend);
                     if here.device == "cpu" {
                         note = Some(format!("planned for HTP; on this machine: {}", here.reason));
@@ -82,6 +86,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
             htp_sessions: sessions,
             layer_ranges: ranges,
             htp_devices: devices,
+            cpu_weights_bytes: cpu_weights,
             note,
         });
     }

@@ -166,27 +166,39 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
     })
 }
 
-/// Bytes of each layer's tensors (`blk.<i>.`), and of the rest: (layers, token_embd, output
-/// incl. output_norm).
-pub fn layer_bytes(h: &GgufHeader) -> (Vec<u64>, u64, u64) {
+/// Where a model's bytes go when its layers are offloaded.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LayerBytes {
+    /// Per layer (`blk.<i>.`), the tensors the device can run.
+    pub layers: Vec<u64>,
+    /// Output norm and head, when the device can run them (they go with the last layer).
+    pub output: u64,
+    /// What stays on the CPU: token embeddings, and tensors of types the device cannot run.
+    pub cpu: u64,
+}
+
+/// Tensor types the Hexagon HTP backend runs (FACTS.md): Q4_0, Q4_1, Q8_0, IQ4_NL, MXFP4, and
+/// the F32/F16 norms. K-quants fall back to the CPU.
+pub fn htp_runs(t: GgmlType) -> bool {
+    matches!(t.0, 0 | 1 | 2 | 3 | 8 | 20 | 39)
+}
+
+/// Split the tensors' bytes by layer for an offload plan; `on_device` says which tensor types
+/// the device runs (see [`htp_runs`]).
+pub fn layer_bytes(h: &GgufHeader, on_device: impl Fn(GgmlType) -> bool) -> LayerBytes {
     let n = h.arch_u64("block_count").unwrap_or(0) as usize;
-    let mut layers = vec![0u64; n];
-    let (mut embd, mut output) = (0, 0);
+    let mut out = LayerBytes { layers: vec![0u64; n], ..LayerBytes::default() };
     for t in &h.tensors {
         let b = t.n_bytes();
-        if let Some(rest) = t.name.strip_prefix("blk.") {
-            if let Some(i) = rest.split('.').next().and_then(|s| s.parse::<usize>().ok()) {
-                if i < n {
-                    layers[i] += b;
-                    continue;
-                }
-            }
+        if t.name.starts_with("token_embd") || !on_device(t.ggml_type) {
+            out.cpu += b;
+            continue;
         }
-        if t.name.starts_with("token_embd") {
-            embd += b;
-        } else {
-            output += b;
+        let layer = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|s| s.parse::<usize>().ok());
+        match layer {
+            Some(i) if i < n => out.layers[i] += b,
+            _ => out.output += b,
         }
     }
-    (layers, embd, output)
+    out
 }

@@ -3,8 +3,9 @@
 //! contiguous ranges, one per session: the fewest sessions, then the most balanced ranges.
 //!
 //! Placement: the token embeddings stay on the CPU (llama.cpp reads them there, and they are the
-//! largest single tensor of a big-vocabulary model); the output norm and head go with the last
-//! layers, as llama.cpp places them when every layer is offloaded.
+//! largest single tensor of a big-vocabulary model), and so does any tensor of a type the HTP
+//! cannot run (K-quants, e.g. a Q6_K output head); the output norm and head otherwise go with the
+//! last layers, as llama.cpp places them when every layer is offloaded.
 
 use std::ops::Range;
 
@@ -25,7 +26,7 @@ pub struct HtpPlan {
     pub sessions: Vec<Session>,
     /// Value for `GGML_HEXAGON_DEVICES`: that many virtual sessions on NPU 0.
     pub devices_env: String,
-    /// Bytes left on the CPU (token embeddings).
+    /// Bytes left on the CPU (token embeddings, tensors the HTP cannot run).
     pub cpu_bytes: u64,
 }
 
@@ -86,7 +87,7 @@ fn split(layers: &[u64], tail: u64, k: usize, cap: u64) -> Option<Vec<Range<usiz
 }
 
 /// Plan the fewest sessions, then balance them.
-pub fn plan(layers: &[u64], embd_bytes: u64, output_bytes: u64, cap: u64) -> Result<HtpPlan, PlanError> {
+pub fn plan(layers: &[u64], cpu_bytes: u64, output_bytes: u64, cap: u64) -> Result<HtpPlan, PlanError> {
     if layers.is_empty() {
         return Err(PlanError::Empty);
     }
@@ -110,7 +111,7 @@ pub fn plan(layers: &[u64], embd_bytes: u64, output_bytes: u64, cap: u64) -> Res
                 })
                 .collect();
             let devices_env = (0..n).map(|i| format!("HTP0:{i}")).collect::<Vec<_>>().join(",");
-            return Ok(HtpPlan { sessions, devices_env, cpu_bytes: embd_bytes });
+            return Ok(HtpPlan { sessions, devices_env, cpu_bytes });
         }
     }
     Err(PlanError::TooManySessions(MAX_SESSIONS))

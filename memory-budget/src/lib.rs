@@ -7,5 +7,5 @@ pub mod estimate;
 pub mod gguf;
 pub mod htp;
 
-pub use estimate::{estimate, layer_bytes, ContextParams, Estimate, Shape};
+pub use estimate::{estimate, htp_runs, layer_bytes, ContextParams, Estimate, LayerBytes, Shape};
 pub use htp::{plan as plan_htp, HtpPlan, PlanError, DEFAULT_SESSION_CAP};
