@@ -87,6 +87,12 @@ pub struct ModelStatus {
     /// Requests running or waiting for this role.
     #[serde(default)]
     pub busy: u32,
+    /// Bytes this role holds against the budget (the estimate; shared weights counted once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    /// RSS growth measured when it loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_bytes: Option<i64>,
     /// Load progress 0..=1 while loading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<f32>,
@@ -105,6 +111,11 @@ pub struct StatusReport {
     pub connections: u32,
     pub turns_running: u32,
     pub pipelines: Vec<String>,
+    /// The engine's memory budget and what the loaded roles hold against it.
+    #[serde(default)]
+    pub budget_bytes: u64,
+    #[serde(default)]
+    pub reserved_bytes: u64,
     pub models: Vec<ModelStatus>,
 }
 
@@ -241,6 +252,9 @@ pub enum ErrorCode {
     ShuttingDown,
     /// A request that has no partial result (a guard check) was cancelled.
     Cancelled,
+    /// The model does not fit the memory budget even after evicting idle models; the message
+    /// lists what is resident and what is missing.
+    OverBudget,
 }
 
 impl Event {
@@ -287,6 +301,7 @@ impl ErrorCode {
             ErrorCode::PermissionDenied => "permission_denied",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Cancelled => "cancelled",
+            ErrorCode::OverBudget => "over_budget",
         }
     }
 }

@@ -6,6 +6,8 @@
 pub mod estimate;
 pub mod gguf;
 pub mod htp;
+pub mod ledger;
 
 pub use estimate::{estimate, htp_runs, layer_bytes, ContextParams, Estimate, LayerBytes, Shape};
+pub use ledger::{Ledger, Refusal};
 pub use htp::{plan as plan_htp, HtpPlan, PlanError, DEFAULT_SESSION_CAP};

@@ -286,6 +286,7 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                         return;
                     }
                 }
+                sup.touch(&pipeline.roles());
                 let input = TurnInput {
                     id: Some(id.clone()),
                     text,

@@ -45,6 +45,19 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
         }
     }
 
+    // Keep-alive: unload roles idle past their `keep_alive`.
+    let keeper = sup.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if keeper.stopping.is_cancelled() {
+                break;
+            }
+            keeper.expire_idle().await;
+        }
+    });
+
     let mut sigterm = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut sigint = signal(SignalKind::interrupt()).expect("SIGINT handler");
     let closing = CancellationToken::new();

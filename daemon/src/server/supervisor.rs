@@ -1,7 +1,8 @@
 //! The supervisor: the daemon's shared state — the engine, the model roles' states, the running
 //! turns (for cancel by id), and status for clients and subscribers.
 //!
-//! Lock order: `roles` before `turns`. No lock is held across an await or an engine call.
+//! Lock order: `roles` before `turns` before `ledger`. No std lock is held across an await or an
+//! engine call; `loading` (async) is held across a whole admission + load.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -39,8 +40,10 @@ pub struct Supervisor {
     started: Instant,
     roles: Mutex<HashMap<String, RoleState>>,
     turns: Mutex<HashMap<(u64, String), TurnEntry>>,
-    /// One load at a time per role; waiters share the outcome.
-    load_locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// One admission + load at a time: the ledger's view stays true while a load decides.
+    loading: AsyncMutex<()>,
+    /// What each loaded role holds against the budget.
+    pub ledger: Mutex<kazeia_memory_budget::Ledger>,
     pub connections: AtomicU32,
     next_conn: AtomicU64,
     /// "Something changed": subscribers then fetch a fresh status.
@@ -51,6 +54,7 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn new(config: Config, registry: Registry) -> Arc<Supervisor> {
+        let budget = config.budget.budget_bytes();
         let engine = Engine::new().with_queue_capacity(config.daemon.queue_per_model).with_exclusive_compute(config.daemon.exclusive_compute);
         let roles = config
             .models
@@ -65,7 +69,8 @@ impl Supervisor {
             started: Instant::now(),
             roles: Mutex::new(roles),
             turns: Mutex::default(),
-            load_locks: Mutex::default(),
+            loading: AsyncMutex::new(()),
+            ledger: Mutex::new(kazeia_memory_budget::Ledger::new(budget)),
             connections: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             changes: broadcast::channel(16).0,
@@ -89,19 +94,50 @@ impl Supervisor {
             return Ok(());
         }
         let cfg = self.config.model(role).map_err(|e| LlmError::new(ErrorCode::NoModel, e.to_string()))?.clone();
-        let lock = self.load_locks.lock().expect("load lock").entry(role.to_string()).or_default().clone();
-        let _guard = lock.lock().await;
+        let _one_at_a_time = self.loading.lock().await;
         if self.engine.info(role).is_some() {
             return Ok(());
         }
-        self.set_role(role, ModelState::Loading, Some(0.0), None);
         let path = self.config.model_path(&cfg);
+        // Plan before loading: the header gives the cost; the ledger says who must go.
+        let header = kazeia_memory_budget::gguf::read_header(&path).map_err(|e| {
+            self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
+            LlmError::new(ErrorCode::ModelFile, e.to_string())
+        })?;
+        let params = kazeia_memory_budget::ContextParams {
+            n_ctx: u64::from(cfg.n_ctx),
+            n_ubatch: u64::from(cfg.n_ubatch),
+            n_seq: u64::from(cfg.cache_slots.max(1)),
+            mmap: cfg.mmap,
+            kv_elem_bytes: 2,
+        };
+        let est = kazeia_memory_budget::estimate(&header, &params).map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
+        let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
+        let file_weights = est.weights_bytes + est.repack_bytes;
+        let context_bytes = est.kv_bytes + est.recurrent_bytes + est.compute_bytes;
+        let need = context_bytes + if self.ledger.lock().expect("ledger").holds_file(&file) { 0 } else { file_weights };
+        let admitted = self.ledger.lock().expect("ledger").admit(role, need, cfg.priority, |r| self.engine.pending(r).unwrap_or(0) > 0);
+        let victims = admitted.map_err(|refusal| {
+            tracing::warn!("refused to load {role}: {refusal}");
+            LlmError::new(ErrorCode::OverBudget, refusal.to_string())
+        })?;
+        for v in victims {
+            tracing::info!(role = %v, for_role = %role, "evicting an idle model to make room");
+            self.unload(&v).await;
+        }
+        self.set_role(role, ModelState::Loading, Some(0.0), None);
         let engine = self.engine.clone();
+        let rss_before = rss_bytes();
         let result = tokio::task::spawn_blocking(move || engine.load(&cfg, path, Box::new(progress)))
             .await
             .map_err(|e| LlmError::new(ErrorCode::Engine, format!("load task: {e}")))?;
         match result {
             Ok(_) => {
+                // Measured: RSS growth across the load. With mmap off the weights are read into
+                // anonymous memory, so RSS covers them (Pss would be equal for this process).
+                let measured = rss_before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
+                let priority = self.config.model(role).map(|m| m.priority).unwrap_or(0);
+                self.ledger.lock().expect("ledger").insert(role, &file, priority, file_weights, context_bytes, measured);
                 self.set_role(role, ModelState::Loaded, None, None);
                 Ok(())
             }
@@ -118,9 +154,44 @@ impl Supervisor {
         let r = role.to_string();
         let unloaded = tokio::task::spawn_blocking(move || engine.unload(&r)).await.unwrap_or(false);
         if unloaded {
+            self.ledger.lock().expect("ledger").remove(role);
             self.set_role(role, ModelState::Unloaded, None, None);
         }
         unloaded
+    }
+
+    /// A turn used these roles now (least-recent-use order and keep-alive).
+    pub fn touch(&self, roles: &[String]) {
+        let mut ledger = self.ledger.lock().expect("ledger");
+        for r in roles {
+            ledger.touch(r);
+        }
+    }
+
+    /// Unload roles idle for longer than their keep-alive. Returns the roles unloaded.
+    pub async fn expire_idle(&self) -> Vec<String> {
+        let now = std::time::Instant::now();
+        let expired: Vec<String> = {
+            let ledger = self.ledger.lock().expect("ledger");
+            self.config
+                .models
+                .iter()
+                .filter(|m| {
+                    let idle_since = ledger.get(&m.role).map(|e| e.last_used);
+                    matches!((m.keep_alive, idle_since), (Some(ka), Some(t)) if now.duration_since(t) >= ka)
+                        && self.engine.pending(&m.role).unwrap_or(0) == 0
+                })
+                .map(|m| m.role.clone())
+                .collect()
+        };
+        let mut done = Vec::new();
+        for r in expired {
+            if self.unload(&r).await {
+                tracing::info!(role = %r, "keep-alive expired: unloaded");
+                done.push(r);
+            }
+        }
+        done
     }
 
     /// Record a running turn. False when this connection already runs a request with that id.
@@ -168,6 +239,7 @@ impl Supervisor {
 
     pub fn status(&self) -> StatusReport {
         let roles = self.roles.lock().expect("roles lock").clone();
+        let ledger = self.ledger.lock().expect("ledger").clone();
         let models = self
             .config
             .models
@@ -186,6 +258,8 @@ impl Supervisor {
                     placement: Some(placement.reason.clone()),
                     shares_model_with: info.map(|i| i.shares_model_with).unwrap_or_default(),
                     busy: self.engine.pending(&m.role).unwrap_or(0) as u32,
+                    reserved_bytes: ledger.get(&m.role).map(|e| e.reserved),
+                    measured_bytes: ledger.get(&m.role).and_then(|e| e.measured),
                     progress: st.progress,
                     error: st.error,
                 }
@@ -199,7 +273,16 @@ impl Supervisor {
             connections: self.connections.load(Ordering::Relaxed),
             turns_running: self.turns_running(),
             pipelines: self.registry.names().map(str::to_string).collect(),
+            budget_bytes: ledger.budget,
+            reserved_bytes: ledger.used(),
             models,
         }
     }
+}
+
+/// This process's resident set size (VmRSS), bytes.
+fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse::<u64>().ok()?;
+    Some(kb * 1024)
 }

@@ -1,0 +1,212 @@
+//! The ledger: what each loaded role holds against the budget, and who must go for a new load.
+//!
+//! Admission policy (explicit): a load that does not fit first evicts idle roles — lowest
+//! priority first, then least recently used — but never a role in use and never a role of higher
+//! priority than the one loading (so the Thinker is never evicted for a lesser model). If it still
+//! does not fit, it is refused with the list of what is resident and what is missing.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    pub role: String,
+    /// Canonical file path: roles on one file share its weights.
+    pub file: String,
+    pub priority: u32,
+    /// Bytes held against the budget (the estimate; the weights only for the first role of a file).
+    pub reserved: u64,
+    /// The weights part of `reserved` (0 when another role holds them).
+    pub weights: u64,
+    /// Weights of the file, for handing over when the holder leaves.
+    #[serde(skip)]
+    pub file_weights: u64,
+    /// RSS growth measured when the role loaded.
+    pub measured: Option<i64>,
+    #[serde(skip)]
+    pub last_used: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{need} B needed for {role} but only {free} B of the {budget} B budget are free after evicting every idle role of priority <= {priority}; resident: {resident}")]
+pub struct Refusal {
+    pub role: String,
+    pub need: u64,
+    pub free: u64,
+    pub budget: u64,
+    pub priority: u32,
+    /// Human listing of the resident roles.
+    pub resident: String,
+    pub missing: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pub budget: u64,
+    entries: BTreeMap<String, Entry>,
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+impl Ledger {
+    pub fn new(budget: u64) -> Ledger {
+        Ledger { budget, entries: BTreeMap::new() }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.entries.values().map(|e| e.reserved).sum()
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.values()
+    }
+
+    pub fn get(&self, role: &str) -> Option<&Entry> {
+        self.entries.get(role)
+    }
+
+    /// Whether the file's weights are already held by a resident role.
+    pub fn holds_file(&self, file: &str) -> bool {
+        self.entries.values().any(|e| e.file == file)
+    }
+
+    /// Bytes a role would free: its reservation, less the weights when another role stays on them.
+    fn frees(&self, role: &str, leaving: &[String]) -> u64 {
+        let e = &self.entries[role];
+        let shared = e.weights > 0 && self.entries.values().any(|o| o.role != role && o.file == e.file && !leaving.contains(&o.role));
+        if shared {
+            e.reserved - e.weights
+        } else {
+            e.reserved
+        }
+    }
+
+    /// Which roles to evict, in order, so that `need` more bytes fit; or why it cannot fit.
+    pub fn admit(&self, role: &str, need: u64, priority: u32, in_use: impl Fn(&str) -> bool) -> Result<Vec<String>, Refusal> {
+        let mut free = self.budget.saturating_sub(self.used());
+        let mut victims: Vec<String> = Vec::new();
+        let mut candidates: Vec<&Entry> = self.entries.values().filter(|e| e.role != role && e.priority <= priority && !in_use(&e.role)).collect();
+        candidates.sort_by_key(|e| (e.priority, e.last_used));
+        for c in candidates {
+            if free >= need {
+                break;
+            }
+            victims.push(c.role.clone());
+            free += self.frees(&c.role, &victims);
+        }
+        if free >= need {
+            return Ok(victims);
+        }
+        let mut resident = String::new();
+        for e in self.entries.values() {
+            let _ = write!(
+                resident,
+                "{}{} {:.1} MiB (priority {}{})",
+                if resident.is_empty() { "" } else { ", " },
+                e.role,
+                mib(e.reserved),
+                e.priority,
+                if in_use(&e.role) { ", in use" } else { "" }
+            );
+        }
+        if resident.is_empty() {
+            resident.push_str("nothing");
+        }
+        Err(Refusal { role: role.to_string(), need, free, budget: self.budget, priority, resident, missing: need - free })
+    }
+
+    /// Record a loaded role. `estimate_without_weights` + the file's weights unless a resident
+    /// role already holds them.
+    pub fn insert(&mut self, role: &str, file: &str, priority: u32, file_weights: u64, estimate_without_weights: u64, measured: Option<i64>) {
+        let weights = if self.holds_file(file) { 0 } else { file_weights };
+        self.entries.insert(
+            role.to_string(),
+            Entry {
+                role: role.to_string(),
+                file: file.to_string(),
+                priority,
+                reserved: estimate_without_weights + weights,
+                weights,
+                file_weights,
+                measured,
+                last_used: Instant::now(),
+            },
+        );
+    }
+
+    /// Forget a role; its weights pass to another role on the same file, if any.
+    pub fn remove(&mut self, role: &str) {
+        let Some(e) = self.entries.remove(role) else { return };
+        if e.weights > 0 {
+            if let Some(heir) = self.entries.values_mut().find(|o| o.file == e.file) {
+                heir.weights = e.weights;
+                heir.reserved += e.weights;
+            }
+        }
+    }
+
+    pub fn touch(&mut self, role: &str) {
+        if let Some(e) = self.entries.get_mut(role) {
+            e.last_used = Instant::now();
+        }
+    }
+
+    /// Roles idle since before `cutoff`, for keep-alive.
+    pub fn idle_since(&self, role: &str) -> Option<Instant> {
+        self.entries.get(role).map(|e| e.last_used)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger() -> Ledger {
+        let mut l = Ledger::new(1000);
+        l.insert("thinker", "a.gguf", 100, 300, 100, None);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        l.insert("guard", "a.gguf", 90, 300, 50, None);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        l.insert("other", "b.gguf", 50, 200, 100, None);
+        l
+    }
+
+    #[test]
+    fn shared_weights_count_once_and_pass_on() {
+        let mut l = ledger();
+        assert_eq!(l.used(), 400 + 50 + 300);
+        assert_eq!(l.get("guard").unwrap().weights, 0);
+        l.remove("thinker");
+        assert_eq!(l.get("guard").unwrap().reserved, 350);
+        assert_eq!(l.used(), 350 + 300);
+    }
+
+    #[test]
+    fn evicts_idle_lowest_priority_first_never_in_use_never_higher() {
+        let l = ledger();
+        // 250 free; 400 needed: the idle lowest-priority role goes.
+        assert_eq!(l.admit("new", 400, 95, |_| false).unwrap(), vec!["other".to_string()]);
+        // In use: never evicted; the next candidate is the guard (it frees only its context:
+        // the thinker keeps the shared weights).
+        assert_eq!(l.admit("new", 300, 95, |r| r == "other").unwrap(), vec!["guard".to_string()]);
+        // A lower-priority load never evicts the Thinker.
+        let r = l.admit("new", 700, 60, |_| false).unwrap_err();
+        assert!(r.resident.contains("thinker 0.0 MiB (priority 100)") && r.missing > 0, "{r}");
+        // Fits without evicting anything.
+        assert!(l.admit("new", 200, 10, |_| false).unwrap().is_empty());
+    }
+
+    #[test]
+    fn impossible_loads_are_refused_with_the_listing() {
+        let l = ledger();
+        let r = l.admit("huge", 5000, 200, |r| r == "thinker").unwrap_err();
+        assert!(r.resident.contains("thinker") && r.resident.contains("in use") && r.resident.contains("other"), "{r}");
+        assert_eq!(r.missing, 5000 - r.free);
+        assert!(r.to_string().contains("huge"));
+    }
+}

@@ -1,0 +1,79 @@
+//! Admission and eviction with real models under a deliberately small budget.
+
+use kazeia_daemon::server::Supervisor;
+use kazeia_ipc::{ErrorCode, ModelState};
+use kazeia_pipelines::{ChatMessage, GenerateOptions, GenerateRequest, Llm, Registry};
+use kazeia_tests::{config, gemma3, smollm2};
+use tokio_util::sync::CancellationToken;
+
+/// A role on `file`; `sizes` overrides the default n_ctx 512 / ubatch 128.
+fn role(name: &str, file: &std::path::Path, priority: u32, sizes: &str) -> String {
+    let sizes = if sizes.is_empty() { "n_ctx = 512\nn_batch = 128\nn_ubatch = 128" } else { sizes };
+    format!("[[model]]\nrole = \"{name}\"\nfile = \"{}\"\nthreads = 2\nbackend = \"cpu\"\npriority = {priority}\n{sizes}\n", file.display())
+}
+
+fn state(sup: &Supervisor, r: &str) -> ModelState {
+    sup.status().models.iter().find(|m| m.role == r).unwrap().state
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("smollm2-copy.gguf");
+    std::fs::copy(smollm2(), &copy).unwrap();
+    // SmolLM2 here plans to ~134 MB, Gemma 3 to ~385 MB: two fit in 600 MB, not three.
+    let text = format!(
+        "[budget]\ndevice_ram = \"600MB\"\nreserve_os = 0\nreserve_app = 0\n{}{}{}{}{}",
+        role("a", &smollm2(), 50, ""),
+        role("b", &gemma3(), 40, ""),
+        role("c", &copy, 60, ""),
+        role("d", &gemma3(), 70, ""),
+        role("huge", &gemma3(), 80, "n_ctx = 8192\nn_batch = 2048\nn_ubatch = 2048"),
+    );
+    let sup = Supervisor::new(config(&text), Registry::builtin());
+    sup.ensure_loaded("a", |_| {}).await.unwrap();
+    sup.ensure_loaded("b", |_| {}).await.unwrap();
+    let st = sup.status();
+    assert!(st.reserved_bytes <= st.budget_bytes, "{st:?}");
+    assert!(st.models.iter().find(|m| m.role == "a").unwrap().measured_bytes.unwrap() > 50_000_000);
+
+    // The third load evicts the idle, lowest-priority model.
+    sup.ensure_loaded("c", |_| {}).await.unwrap();
+    assert_eq!((state(&sup, "a"), state(&sup, "b"), state(&sup, "c")), (ModelState::Loaded, ModelState::Unloaded, ModelState::Loaded));
+
+    // A lower-priority model never evicts higher ones: refused, with the listing.
+    let e = sup.ensure_loaded("b", |_| {}).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::OverBudget);
+    assert!(e.message.contains("a ") && e.message.contains("c ") && e.message.contains("needed for b"), "{}", e.message);
+
+    // A model in use is never evicted: with `a` generating, `d` takes `c`'s place.
+    let req = GenerateRequest::new("a", vec![ChatMessage::new("user", "Tell me a long story.")], GenerateOptions { max_tokens: Some(2000), ignore_eos: true, ..Default::default() });
+    let busy = CancellationToken::new();
+    let mut rx = sup.engine.generate(req, busy.clone()).unwrap();
+    let _ = rx.recv().await;
+    assert!(sup.engine.pending("a").unwrap() > 0);
+    sup.ensure_loaded("d", |_| {}).await.unwrap();
+    assert_eq!((state(&sup, "a"), state(&sup, "c"), state(&sup, "d")), (ModelState::Loaded, ModelState::Unloaded, ModelState::Loaded));
+    busy.cancel();
+    while rx.recv().await.is_some() {}
+
+    // Impossible whatever is evicted: refused, saying what is resident and what is missing.
+    let e = sup.ensure_loaded("huge", |_| {}).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::OverBudget);
+    assert!(e.message.contains("resident: a ") && e.message.contains("needed for huge"), "{}", e.message);
+    assert_eq!(state(&sup, "huge"), ModelState::Unloaded);
+    let st = sup.status();
+    assert!(st.reserved_bytes <= st.budget_bytes, "{st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_alive_unloads_idle_models() {
+    let text = role("a", &smollm2(), 50, "n_ctx = 512\nkeep_alive = \"1s\"");
+    let sup = Supervisor::new(config(&text), Registry::builtin());
+    sup.ensure_loaded("a", |_| {}).await.unwrap();
+    assert!(sup.expire_idle().await.is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert_eq!(sup.expire_idle().await, vec!["a".to_string()]);
+    assert_eq!(state(&sup, "a"), ModelState::Unloaded);
+    assert_eq!(sup.status().reserved_bytes, 0);
+}
