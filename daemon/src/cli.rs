@@ -356,8 +356,8 @@ async fn cancel(args: ClientArgs, id: String) -> i32 {
 fn print_status(s: &kazeia_ipc::StatusReport) {
     println!("{} (protocol {}), pid {}, up {:.0} s, {} connection(s), {} turn(s) running", s.server, s.protocol, s.pid, s.uptime_s, s.connections, s.turns_running);
     println!("pipelines: {}", s.pipelines.join(", "));
-    let mib = |b: u64| b as f64 / 1048576.0;
-    println!("memory: {:.1} MiB reserved of a {:.1} MiB budget", mib(s.reserved_bytes), mib(s.budget_bytes));
+    let to_mib = |b: u64| b as f64 / 1048576.0;
+    println!("memory: {:.1} MiB reserved of a {:.1} MiB budget", to_mib(s.reserved_bytes), to_mib(s.budget_bytes));
     println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "role", "state", "device", "MiB", "busy", "file / placement");
     for m in &s.models {
         let mib = m.file_bytes.map(|b| format!("{:.1}", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
@@ -365,7 +365,7 @@ fn print_status(s: &kazeia_ipc::StatusReport) {
         println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", m.role, state, m.device.as_deref().unwrap_or("-"), mib, m.busy, m.file);
         if let Some(r) = m.reserved_bytes {
             let measured = m.measured_bytes.map(|b| format!(", measured at load {:.1} MiB", b as f64 / 1048576.0)).unwrap_or_default();
-            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  reserves {:.1} MiB{measured}", "", "", "", "", "", mib(r));
+            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  reserves {:.1} MiB{measured}", "", "", "", "", "", to_mib(r));
         }
         if let Some(p) = &m.placement {
             println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "", "", "", "", "", p);
