@@ -222,11 +222,18 @@ pub struct BudgetConfig {
     /// Left to the Kazeia app itself.
     #[serde(deserialize_with = "de_bytes")]
     pub reserve_app: u64,
+    /// System available memory under which the daemon sheds (idle sessions, idle lower-priority
+    /// models).
+    #[serde(deserialize_with = "de_bytes")]
+    pub low_watermark: u64,
+    /// ... and under which it refuses new turns rather than be killed.
+    #[serde(deserialize_with = "de_bytes")]
+    pub critical_watermark: u64,
 }
 
 impl Default for BudgetConfig {
     fn default() -> Self {
-        BudgetConfig { device_ram: 16 * GIB, reserve_os: 4 * GIB, reserve_app: GIB }
+        BudgetConfig { device_ram: 16 * GIB, reserve_os: 4 * GIB, reserve_app: GIB, low_watermark: GIB, critical_watermark: GIB / 2 }
     }
 }
 

@@ -435,3 +435,25 @@ async fn load_unload_and_subscribe() {
     };
     assert!(saw_progress && matches!(done, Event::Done { .. }), "{done:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn critical_memory_pressure_refuses_new_turns() {
+    // A critical watermark above any machine's available memory: pressure is critical at once.
+    let d = Daemon::start(&config("[budget]\ncritical_watermark = \"100000GiB\"\nlow_watermark = \"100001GiB\""));
+    let c = d.client().await;
+    let t = Instant::now();
+    loop {
+        if c.status().await.unwrap().pressure == "critical" {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "pressure never became critical");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions::default()).await.unwrap();
+    match rx.recv().await.unwrap() {
+        Incoming::Event(Event::Error { code, .. }) => assert_eq!(code, ErrorCode::MemoryPressure),
+        other => panic!("{other:?}"),
+    }
+    // The daemon keeps answering everything else.
+    assert!(c.status().await.is_ok());
+}

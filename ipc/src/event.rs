@@ -116,6 +116,10 @@ pub struct StatusReport {
     pub budget_bytes: u64,
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// Memory pressure: `normal`, `low` (the daemon sheds idle sessions and models) or
+    /// `critical` (new turns are refused).
+    #[serde(default)]
+    pub pressure: String,
     pub models: Vec<ModelStatus>,
 }
 
@@ -255,6 +259,8 @@ pub enum ErrorCode {
     /// The model does not fit the memory budget even after evicting idle models; the message
     /// lists what is resident and what is missing.
     OverBudget,
+    /// Critical memory pressure: new turns are refused until it eases.
+    MemoryPressure,
 }
 
 impl Event {
@@ -302,6 +308,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::OverBudget => "over_budget",
+            ErrorCode::MemoryPressure => "memory_pressure",
         }
     }
 }

@@ -77,3 +77,22 @@ async fn keep_alive_unloads_idle_models() {
     assert_eq!(state(&sup, "a"), ModelState::Unloaded);
     assert_eq!(sup.status().reserved_bytes, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn low_pressure_sheds_idle_lower_priority_models_and_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy.gguf");
+    std::fs::copy(smollm2(), &copy).unwrap();
+    // Low pressure whatever this machine has free; never critical.
+    let text = format!(
+        "[budget]\nlow_watermark = \"100000GiB\"\ncritical_watermark = 0\n{}{}",
+        role("top", &smollm2(), 100, ""),
+        role("minor", &copy, 10, "")
+    );
+    let sup = Supervisor::new(config(&text), Registry::builtin());
+    sup.ensure_loaded("top", |_| {}).await.unwrap();
+    sup.ensure_loaded("minor", |_| {}).await.unwrap();
+    assert_eq!(sup.pressure_tick().await, kazeia_memory_budget::pressure::Level::Low);
+    assert_eq!((state(&sup, "top"), state(&sup, "minor")), (ModelState::Loaded, ModelState::Unloaded));
+    assert_eq!(sup.status().pressure, "low");
+}

@@ -255,6 +255,9 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
             if sup.stopping.is_cancelled() {
                 return out.error(Some(id), ErrorCode::ShuttingDown, "the daemon is shutting down");
             }
+            if sup.pressure() == kazeia_memory_budget::pressure::Level::Critical {
+                return out.error(Some(id), ErrorCode::MemoryPressure, "critical memory pressure: new turns are refused until it eases");
+            }
             let pipeline = match sup.registry.get(&pipeline) {
                 Ok(p) => p.clone(),
                 Err(e) => return out.error(Some(id), ErrorCode::Pipeline, e.to_string()),

@@ -45,7 +45,7 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
         }
     }
 
-    // Keep-alive: unload roles idle past their `keep_alive`.
+    // Every second: keep-alive (unload roles idle past their `keep_alive`) and memory pressure.
     let keeper = sup.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -55,6 +55,7 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
                 break;
             }
             keeper.expire_idle().await;
+            keeper.pressure_tick().await;
         }
     });
 

@@ -14,6 +14,8 @@ use kazeia_pipelines::{LlmError, Registry};
 use tokio::sync::{broadcast, Mutex as AsyncMutex};
 use tokio_util::sync::CancellationToken;
 
+use kazeia_memory_budget::pressure::{self, Level, Watermarks};
+
 use crate::config::Config;
 use crate::engine::Engine;
 
@@ -44,6 +46,8 @@ pub struct Supervisor {
     loading: AsyncMutex<()>,
     /// What each loaded role holds against the budget.
     pub ledger: Mutex<kazeia_memory_budget::Ledger>,
+    /// The last pressure level sampled.
+    pressure: Mutex<Level>,
     pub connections: AtomicU32,
     next_conn: AtomicU64,
     /// "Something changed": subscribers then fetch a fresh status.
@@ -71,6 +75,7 @@ impl Supervisor {
             turns: Mutex::default(),
             loading: AsyncMutex::new(()),
             ledger: Mutex::new(kazeia_memory_budget::Ledger::new(budget)),
+            pressure: Mutex::new(Level::Normal),
             connections: AtomicU32::new(0),
             next_conn: AtomicU64::new(1),
             changes: broadcast::channel(16).0,
@@ -158,6 +163,43 @@ impl Supervisor {
             self.set_role(role, ModelState::Unloaded, None, None);
         }
         unloaded
+    }
+
+    pub fn pressure(&self) -> Level {
+        *self.pressure.lock().expect("pressure")
+    }
+
+    /// Sample memory pressure and act on it: under low pressure shed idle sessions and idle
+    /// models below the highest priority; under critical pressure also refuse new turns (see
+    /// [`Supervisor::pressure`]). Subscribers hear of every change of level.
+    pub async fn pressure_tick(&self) -> Level {
+        let Ok(sample) = kazeia_memory_budget::pressure::sample() else { return self.pressure() };
+        let b = &self.config.budget;
+        let marks = Watermarks { low_available: b.low_watermark, critical_available: b.critical_watermark, budget: b.budget_bytes() };
+        let level = pressure::level(&sample, &marks);
+        let changed = std::mem::replace(&mut *self.pressure.lock().expect("pressure"), level) != level;
+        if changed {
+            tracing::warn!(?level, available = sample.available, rss = sample.rss, "memory pressure changed");
+            let _ = self.changes.send(());
+        }
+        if level >= Level::Low {
+            let shed = self.sessions.shed(std::time::Duration::from_secs(60));
+            let top = self.config.models.iter().map(|m| m.priority).max().unwrap_or(0);
+            let idle_low: Vec<String> = self
+                .config
+                .models
+                .iter()
+                .filter(|m| m.priority < top && self.engine.info(&m.role).is_some() && self.engine.pending(&m.role) == Some(0))
+                .map(|m| m.role.clone())
+                .collect();
+            for r in &idle_low {
+                self.unload(r).await;
+            }
+            if shed > 0 || !idle_low.is_empty() {
+                tracing::warn!(sessions = shed, models = ?idle_low, "shed under memory pressure");
+            }
+        }
+        level
     }
 
     /// A turn used these roles now (least-recent-use order and keep-alive).
@@ -274,6 +316,7 @@ impl Supervisor {
             turns_running: self.turns_running(),
             pipelines: self.registry.names().map(str::to_string).collect(),
             budget_bytes: ledger.budget,
+            pressure: format!("{:?}", self.pressure()).to_lowercase(),
             reserved_bytes: ledger.used(),
             models,
         }
