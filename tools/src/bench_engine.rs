@@ -79,7 +79,7 @@ fn main() -> Result<()> {
     let config = Config::load(&args.config)?;
     let cfg = config.model(&args.role)?.clone();
     let path = config.model_path(&cfg);
-    let engine = Engine::new();
+    let engine = Engine::new().with_exclusive_compute(config.daemon.exclusive_compute);
     engine.load(&cfg, path.clone(), Box::new(|_| {}))?;
 
     // Size a chat prompt to just under `pp` tokens (templating adds a few).
@@ -90,14 +90,19 @@ fn main() -> Result<()> {
     let (p10, p20) = (one(10)?, one(20)?);
     let per = f64::from(p20 - p10) / 10.0;
     let base = f64::from(p10) - 10.0 * per;
-    let k = ((f64::from(args.pp) - base) / per).floor().max(1.0) as usize;
-    let prompt = unit.repeat(k);
+    let k = ((f64::from(args.pp) - base) / per).floor().max(1.0) as usize - 1;
+    // A different first sentence each run: the engine's prefix cache must not make the prefill
+    // shorter than llama-bench's (only the chat template's fixed opening can be reused).
+    let prompt = |n: usize| format!("Run number {n}. {}", unit.repeat(k));
 
     let prefill_opts = GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() };
     let decode_opts = GenerateOptions { max_tokens: Some(args.tg), temperature: Some(0.0), ignore_eos: true, ..Default::default() };
     // Warm-up, as llama-bench does before it measures.
-    // Both sides prefill exactly this many tokens.
-    let prompt_tokens = generate(&engine, &args.role, &prompt, prefill_opts.clone())?.metrics.prompt_tokens;
+    // Both sides prefill exactly this many tokens: what our engine decodes (not reused).
+    let warm = generate(&engine, &args.role, &prompt(1_000_000), prefill_opts.clone())?.metrics;
+    let prompt_tokens = warm.prompt_tokens;
+    let warm = generate(&engine, &args.role, &prompt(1_000_001), prefill_opts.clone())?.metrics;
+    let prefill_tokens = warm.prompt_tokens - warm.cached_tokens;
     generate(&engine, &args.role, "Hi", GenerateOptions { max_tokens: Some(8), ..decode_opts.clone() })?;
 
     println!("model: {} ({} threads, n_batch {}, n_ubatch {})", path.display(), cfg.threads, cfg.n_batch, cfg.n_ubatch);
@@ -108,7 +113,7 @@ fn main() -> Result<()> {
     for rep in 0..args.reps {
         // Alternate who goes first, so drift on a shared machine hits both sides alike.
         let ours = |opp: &mut Vec<f64>, otg: &mut Vec<f64>, ttft: &mut Vec<f64>| -> Result<()> {
-            let p = generate(&engine, &args.role, &prompt, prefill_opts.clone())?;
+            let p = generate(&engine, &args.role, &prompt(rep), prefill_opts.clone())?;
             opp.push(p.metrics.prefill_tok_s);
             ttft.push(p.metrics.ttft_ms);
             let d = generate(&engine, &args.role, "Hi", decode_opts.clone())?;
@@ -118,7 +123,7 @@ fn main() -> Result<()> {
         if rep % 2 == 0 {
             ours(&mut opp, &mut otg, &mut ttft)?;
         }
-        let (p, t) = llama_bench(&args.llama_bench, &path, cfg.threads, cfg.n_batch, cfg.n_ubatch, prompt_tokens, args.tg)?;
+        let (p, t) = llama_bench(&args.llama_bench, &path, cfg.threads, cfg.n_batch, cfg.n_ubatch, prefill_tokens, args.tg)?;
         rpp.push(p);
         rtg.push(t);
         if rep % 2 == 1 {
@@ -128,7 +133,7 @@ fn main() -> Result<()> {
     }
     let (mopp, mrpp, motg, mrtg) = (median(opp), median(rpp), median(otg), median(rtg));
     println!(
-        "median over {} reps ({:.0} s): prefill {prompt_tokens} tokens ours {mopp:.1} vs llama-bench {mrpp:.1} tok/s; decode {} tokens ours {motg:.1} vs llama-bench {mrtg:.1} tok/s; ours ttft {:.0} ms",
+        "median over {} reps ({:.0} s): prefill {prefill_tokens} tokens (of a {prompt_tokens}-token prompt) ours {mopp:.1} vs llama-bench {mrpp:.1} tok/s; decode {} tokens ours {motg:.1} vs llama-bench {mrtg:.1} tok/s; ours ttft {:.0} ms",
         args.reps,
         started.elapsed().as_secs_f64(),
         args.tg,

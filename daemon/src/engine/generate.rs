@@ -70,6 +70,24 @@ pub struct Compute {
 
 /// One decode at a time in this process, handed over in arrival order.
 static DECODE_TURN: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
+/// Requests running right now, all roles together: alone, a request needs no turn-taking.
+static RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts a running request while it lives.
+pub struct Running;
+
+impl Running {
+    pub fn start() -> Running {
+        RUNNING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 impl Compute {
     pub fn new(exclusive: bool) -> Compute {
@@ -77,7 +95,10 @@ impl Compute {
     }
 
     fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch) -> Result<(), llama_cpp_2::DecodeError> {
-        let _turn = self.exclusive.then(|| DECODE_TURN.lock());
+        // Take turns only when another request is running (a lone request keeps the lock off
+        // its hot path; a request that starts meanwhile waits at most one decode call).
+        let contended = self.exclusive && RUNNING.load(std::sync::atomic::Ordering::SeqCst) > 1;
+        let _turn = contended.then(|| DECODE_TURN.lock());
         ctx.decode(batch)
     }
 }

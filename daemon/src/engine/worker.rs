@@ -119,7 +119,8 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
             .with_n_threads(cfg.threads as i32)
             .with_n_threads_batch(cfg.threads as i32)
             .with_n_seq_max(cfg.cache_slots.max(1))
-            .with_kv_unified(true)
+            // Several slots share the n_ctx cells (one slot: llama.cpp's default layout).
+            .with_kv_unified(cfg.cache_slots > 1)
             .with_flash_attention_policy(match cfg.flash_attn {
                 FlashAttn::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
                 FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -146,6 +147,7 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
     let mut cache = generate::Cache::default();
     // The queue closes when the engine drops this role's Worker.
     while let Ok(msg) = rx.recv() {
+        let _running = generate::Running::start();
         match msg {
             Msg::Generate(job) => generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
             Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),

@@ -24,6 +24,7 @@ pub use supervisor::Supervisor;
 pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
     let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
     let bound = socket::bind(&path)?;
+    apply_htp_sessions(&config);
     let grace = config.daemon.shutdown_grace;
     let preload = config.daemon.preload;
     let sup = Supervisor::new(config, registry);
@@ -82,6 +83,20 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
     }
     shutdown(sup, bound, closing, conns, grace).await;
     Ok(())
+}
+
+/// Hexagon sessions are created when llama.cpp's backend starts, from `GGML_HEXAGON_DEVICES`:
+/// set it from the plan (the most sessions any model needs) before the first load, unless the
+/// operator already did. On a build without ggml-hexagon it is read by nobody.
+fn apply_htp_sessions(config: &Config) {
+    if std::env::var_os("GGML_HEXAGON_DEVICES").is_some() {
+        return;
+    }
+    let Ok(plan) = crate::plan::plan(config) else { return };
+    if let Some(devices) = plan.models.iter().filter_map(|m| m.htp_devices.clone()).max_by_key(|d| d.split(',').count()) {
+        tracing::info!(%devices, "GGML_HEXAGON_DEVICES from the memory plan");
+        std::env::set_var("GGML_HEXAGON_DEVICES", devices);
+    }
 }
 
 async fn shutdown(sup: Arc<Supervisor>, bound: socket::Bound, closing: CancellationToken, mut conns: JoinSet<()>, grace: Duration) {
