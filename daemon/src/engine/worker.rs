@@ -112,20 +112,22 @@ impl Drop for Worker {
 fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>, pending: Arc<AtomicUsize>, compute: Arc<generate::Compute>) {
     let ctx = {
         let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
-        let params = LlamaContextParams::default()
+        let mut params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(cfg.n_ctx))
             .with_n_batch(cfg.n_batch)
             .with_n_ubatch(cfg.n_ubatch)
             .with_n_threads(cfg.threads as i32)
             .with_n_threads_batch(cfg.threads as i32)
-            .with_n_seq_max(cfg.cache_slots.max(1))
-            // Several slots share the n_ctx cells (one slot: llama.cpp's default layout).
-            .with_kv_unified(cfg.cache_slots > 1)
+
             .with_flash_attention_policy(match cfg.flash_attn {
                 FlashAttn::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
                 FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
                 FlashAttn::Off => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED,
             });
+        if cfg.cache_slots > 1 {
+            // Several slots share the n_ctx cells (one slot keeps llama.cpp's default layout).
+            params = params.with_n_seq_max(cfg.cache_slots).with_kv_unified(true);
+        }
         backend().and_then(|b| {
             model.model.new_context(b, params).map_err(|e| LoadError::Context {
                 role: cfg.role.clone(),
