@@ -220,8 +220,9 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
     };
 
     loop {
-        // Feed the output guard the next sentence once the input guard passed.
-        if input_passed && out_check.is_none() {
+        // Feed the output guard the next sentence once the input guard passed (not after a
+        // cancel: nothing more will be released).
+        if input_passed && out_check.is_none() && !cancel.is_cancelled() {
             if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 let reply = format!("{released}{}", &pending_text[..n]);
                 let (role, user_text) = (role.clone(), input.text.clone());
@@ -229,7 +230,7 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
                 out_check = Some(Box::pin(async move { check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c).await }));
             }
         }
-        let finished = summary.is_some() && input_passed && out_check.is_none() && queued.is_empty();
+        let finished = summary.is_some() && (cancel.is_cancelled() || (input_passed && out_check.is_none() && queued.is_empty()));
         if finished {
             break;
         }
@@ -323,6 +324,8 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
     }
 
     let s = summary.expect("the loop ends after the Thinker finished");
+    // Cancelled with text still unreleased: it never leaves, and the turn says it was cut.
+    let stop = if cancel.is_cancelled() { StopReason::Cancelled } else { s.stop };
     let mut metrics = s.metrics;
     if plan.input_guard.is_some() || output_guard.is_some() {
         metrics.guard_in_ms = guard_in_ms;
@@ -337,9 +340,9 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
         }
     }
     if let (Some(sid), Some(store)) = (&input.session, engines.sessions) {
-        if s.stop != StopReason::Cancelled {
+        if stop != StopReason::Cancelled {
             store.append(sid, user, ChatMessage::new("assistant", released.trim_end().to_string()));
         }
     }
-    emit(Event::Done { id: id.clone(), stop: s.stop, metrics });
+    emit(Event::Done { id: id.clone(), stop, metrics });
 }

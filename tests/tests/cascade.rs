@@ -9,6 +9,10 @@ use tokio_util::sync::CancellationToken;
 
 const LABELS: &[&str] = &["Safe", "Unsafe", "Controversial"];
 
+/// One test at a time: decodes take turns process-wide, so parallel tests would stretch each
+/// other's latencies, which these tests bound.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn engine() -> Engine {
     let c = config(&format!(
         "{}{}",
@@ -97,6 +101,7 @@ fn assert_obeys(policy: &GuardPolicy, text: &str, evs: &[Event]) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn guarded_chat_answers_paris_and_obeys_the_guard() {
+    let _serial = SERIAL.lock().await;
     let engine = engine();
     let policy = GuardPolicy::default();
     let q = "What is the capital of France? Answer in one short sentence.";
@@ -115,6 +120,7 @@ async fn guarded_chat_answers_paris_and_obeys_the_guard() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rule_layer_blocks_before_the_model() {
+    let _serial = SERIAL.lock().await;
     let engine = engine();
     let cfg: GuardConfig = toml::from_str("[refusals]\nen = \"No.\"\nfr = \"Non, désolé.\"\n[[rules]]\npattern = \"(?i)\\\\bbombe?\\\\b\"\ncategories = [\"Violent\"]\n").unwrap();
     let policy = GuardPolicy::new(&cfg).unwrap();
@@ -137,6 +143,7 @@ async fn rule_layer_blocks_before_the_model() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn session_turns_prefill_only_the_new_tokens() {
+    let _serial = SERIAL.lock().await;
     let engine = engine();
     let policy = GuardPolicy::default();
     let sessions = Sessions::new(std::time::Duration::from_secs(60));
@@ -157,6 +164,7 @@ async fn session_turns_prefill_only_the_new_tokens() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancel_during_the_guard_and_during_the_thinker() {
+    let _serial = SERIAL.lock().await;
     let engine = engine();
     let policy = GuardPolicy::default();
     // During the input guard: cancelled before anything is released.
@@ -205,9 +213,17 @@ async fn cancel_during_the_guard_and_during_the_thinker() {
     drop(rx);
     let t = std::time::Instant::now();
     tokio::time::timeout(std::time::Duration::from_secs(10), run).await.expect("the turn ended after the listener left").unwrap();
-    // The worker counts the job done right after its last event: give it a moment.
-    while engine.pending("thinker") != Some(0) || engine.pending("guard") != Some(0) {
-        assert!(t.elapsed() < std::time::Duration::from_secs(3), "engine still busy: thinker {:?}, guard {:?}", engine.pending("thinker"), engine.pending("guard"));
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    // The 400-token Thinker job was cancelled: the Thinker is free at once. (The guard's last
+    // check may still wait for its decode turn behind other tests' work in this process.)
+    let wait_free = |role: &'static str, limit: u64| {
+        let engine = engine.clone();
+        async move {
+            while engine.pending(role) != Some(0) {
+                assert!(t.elapsed() < std::time::Duration::from_secs(limit), "{role} still busy");
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    };
+    wait_free("thinker", 3).await;
+    wait_free("guard", 20).await;
 }
