@@ -149,6 +149,17 @@ impl ModelConfig {
     pub fn prefill_chunk(&self) -> u32 {
         self.prefill_chunk.unwrap_or(self.n_ubatch).max(1)
     }
+
+    /// The settings the memory estimate depends on.
+    pub fn context_params(&self) -> kazeia_memory_budget::ContextParams {
+        kazeia_memory_budget::ContextParams {
+            n_ctx: u64::from(self.n_ctx),
+            n_ubatch: u64::from(self.n_ubatch),
+            n_seq: u64::from(self.cache_slots.max(1)),
+            mmap: self.mmap,
+            kv_elem_bytes: 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

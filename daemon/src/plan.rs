@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kazeia_memory_budget::{estimate, gguf, htp_runs, layer_bytes, plan_htp, ContextParams, DEFAULT_SESSION_CAP};
+use kazeia_memory_budget::{estimate, gguf, htp_runs, layer_bytes, plan_htp, DEFAULT_SESSION_CAP};
 use serde::Serialize;
 
 use crate::config::{Backend, Config};
@@ -48,8 +48,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
             continue;
         }
         let header = gguf::read_header(&path).map_err(|e| e.to_string())?;
-        let params = ContextParams { n_ctx: u64::from(m.n_ctx), n_ubatch: u64::from(m.n_ubatch), n_seq: u64::from(m.cache_slots.max(1)), mmap: m.mmap, kv_elem_bytes: 2 };
-        let est = estimate(&header, &params).map_err(|e| format!("{}: {e}", path.display()))?;
+        let est = estimate(&header, &m.context_params()).map_err(|e| format!("{}: {e}", path.display()))?;
         let canonical = std::fs::canonicalize(&path).unwrap_or(path.clone());
         let shares = models.iter().find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none()).map(|o| o.role.clone());
         let weights = if shares.is_some() { 0 } else { est.weights_bytes + est.repack_bytes };

@@ -109,14 +109,7 @@ impl Supervisor {
             self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
             LlmError::new(ErrorCode::ModelFile, e.to_string())
         })?;
-        let params = kazeia_memory_budget::ContextParams {
-            n_ctx: u64::from(cfg.n_ctx),
-            n_ubatch: u64::from(cfg.n_ubatch),
-            n_seq: u64::from(cfg.cache_slots.max(1)),
-            mmap: cfg.mmap,
-            kv_elem_bytes: 2,
-        };
-        let est = kazeia_memory_budget::estimate(&header, &params).map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
+        let est = kazeia_memory_budget::estimate(&header, &cfg.context_params()).map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
         let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
         let file_weights = est.weights_bytes + est.repack_bytes;
         let context_bytes = est.kv_bytes + est.recurrent_bytes + est.compute_bytes;
@@ -325,7 +318,5 @@ impl Supervisor {
 
 /// This process's resident set size (VmRSS), bytes.
 fn rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse::<u64>().ok()?;
-    Some(kb * 1024)
+    pressure::sample().ok().map(|s| s.rss)
 }
