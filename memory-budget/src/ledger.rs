@@ -155,11 +155,6 @@ impl Ledger {
             e.last_used = Instant::now();
         }
     }
-
-    /// Roles idle since before `cutoff`, for keep-alive.
-    pub fn idle_since(&self, role: &str) -> Option<Instant> {
-        self.entries.get(role).map(|e| e.last_used)
-    }
 }
 
 #[cfg(test)]
