@@ -81,3 +81,11 @@ pub async fn estimate_and_peak(file: &Path, n_ctx: u64, n_ubatch: u64) -> (kazei
     assert!(u64::from(prompt) >= n_ubatch, "the prompt ({prompt}) should fill an ubatch ({n_ubatch})");
     (est, proc_status_bytes("VmHWM").saturating_sub(before))
 }
+
+/// The tiny random-weight qwen35 model (tools/make-synthetic-models): the target architecture
+/// (Gated DeltaNet + full attention) at CI size. Output is noise by design.
+pub fn qwen35_tiny() -> PathBuf {
+    let p = default_cache_dir().join("synthetic/qwen35-tiny-random.gguf");
+    assert!(p.is_file(), "{} is missing: run tools/make-synthetic-models first", p.display());
+    p
+}

@@ -158,6 +158,9 @@ impl ModelConfig {
             n_seq: u64::from(self.cache_slots.max(1)),
             mmap: self.mmap,
             kv_elem_bytes: 2,
+            swa_full: true,
+            // `auto` turns flash attention on wherever the backend has it (the CPU does).
+            flash_attn: !matches!(self.flash_attn, FlashAttn::Off),
         }
     }
 }

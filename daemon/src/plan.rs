@@ -18,7 +18,13 @@ pub struct ModelPlan {
     pub weights_bytes: u64,
     pub kv_bytes: u64,
     pub recurrent_bytes: u64,
+    /// What a full-ubatch prefill touches of the compute buffer.
     pub compute_bytes: u64,
+    /// What llama.cpp reserves for it (address space, mostly the n_ubatch × n_vocab logits our
+    /// engine never asks for); not in the total.
+    pub compute_reserved_bytes: u64,
+    /// Vocabulary tables, logits row, sampler, fixed runtime.
+    pub overhead_bytes: u64,
     pub total_bytes: u64,
     pub backend: String,
     pub htp_sessions: usize,
@@ -71,7 +77,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
                 Err(e) => note = Some(format!("no HTP split ({e}): CPU")),
             }
         }
-        let total = weights + est.kv_bytes + est.recurrent_bytes + est.compute_bytes;
+        let total = weights + est.kv_bytes + est.recurrent_bytes + est.compute_bytes + est.overhead_bytes;
         models.push(ModelPlan {
             role: m.role.clone(),
             file: canonical.display().to_string(),
@@ -80,6 +86,8 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
             kv_bytes: est.kv_bytes,
             recurrent_bytes: est.recurrent_bytes,
             compute_bytes: est.compute_bytes,
+            compute_reserved_bytes: est.compute_reserved_bytes,
+            overhead_bytes: est.overhead_bytes,
             total_bytes: total,
             backend,
             htp_sessions: sessions,
@@ -99,7 +107,7 @@ fn mib(b: u64) -> String {
 }
 
 pub fn print(p: &Plan) {
-    println!("{:<10} {:>10} {:>9} {:>9} {:>9} {:>10}  {:<7} {}", "role", "weights", "KV", "state", "compute", "total MiB", "backend", "HTP sessions / layers");
+    println!("{:<10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:<7} {}", "role", "weights", "KV", "state", "compute", "other", "total MiB", "backend", "HTP sessions / layers");
     for m in &p.models {
         let layers = m.layer_ranges.iter().map(|r| format!("{}..{}", r[0], r[1])).collect::<Vec<_>>().join(" ");
         let weights = match &m.shares_weights_with {
@@ -107,12 +115,13 @@ pub fn print(p: &Plan) {
             None => mib(m.weights_bytes),
         };
         println!(
-            "{:<10} {:>10} {:>9} {:>9} {:>9} {:>10}  {:<7} {} {}",
+            "{:<10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:<7} {} {}",
             m.role,
             weights,
             mib(m.kv_bytes),
             mib(m.recurrent_bytes),
             mib(m.compute_bytes),
+            mib(m.overhead_bytes),
             mib(m.total_bytes),
             m.backend,
             m.htp_sessions,

@@ -7,7 +7,19 @@
 //! - KV cache: per token, only attention layers (Qwen3.5: its full-attention layers; Gemma 3:
 //!   global layers hold n_ctx tokens, sliding-window layers only the window).
 //! - recurrent state (Qwen3.5's DeltaNet layers): fixed per sequence, always F32.
-//! - compute buffer: dominated by the logits, n_ubatch × n_vocab × 4 B.
+//! - compute buffer: llama.cpp *reserves* it for its worst graph, a full n_ubatch batch that
+//!   outputs logits for every token (n_ubatch × n_vocab × 4 B dominates). Our engine only ever
+//!   asks for the last token's logits (generation and one-pass guard verdicts alike), so the
+//!   logits part of that reservation is malloc'd address space that is never touched and never
+//!   becomes resident. We count what a full-ubatch prefill touches — activations per token of
+//!   the ubatch (dense: 8·n_embd + 2·n_ff floats; a Gated DeltaNet layer adds its chunked
+//!   intermediates, 24 × state × value heads floats) — and report the reservation apart
+//!   (`compute_reserved_bytes`, not in the total). Coefficients measured on SmolLM2, Gemma 3
+//!   and the tiny qwen35 at n_ubatch 128/256/512 (tests/estimate_vs_measured*).
+//! - runtime tables: vocabulary, merges and token maps, the logits row and the sampler's
+//!   candidate array — ≈300 B per vocabulary entry — plus a fixed 20 MiB (backend, threads, KV cell metadata; rounded up so that no measured case falls below).
+//! - with `swa_full` (llama.cpp's default, which we keep because prefix reuse must be able to
+//!   rewind any layer) sliding-window layers hold the whole context too.
 
 use crate::gguf::{GgmlType, GgufHeader, Value};
 
@@ -22,11 +34,16 @@ pub struct ContextParams {
     pub mmap: bool,
     /// Bytes per KV element (2 for f16).
     pub kv_elem_bytes: u64,
+    /// Sliding-window layers keep the whole context (llama.cpp's default; the engine keeps it).
+    pub swa_full: bool,
+    /// Flash attention (the engine's `auto` enables it on the CPU): no n_kv × n_ubatch score
+    /// matrix per head.
+    pub flash_attn: bool,
 }
 
 impl Default for ContextParams {
     fn default() -> Self {
-        ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 1, mmap: false, kv_elem_bytes: 2 }
+        ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 1, mmap: false, kv_elem_bytes: 2, swa_full: true, flash_attn: true }
     }
 }
 
@@ -38,12 +55,23 @@ pub struct Estimate {
     pub repack_bytes: u64,
     pub kv_bytes: u64,
     pub recurrent_bytes: u64,
+    /// What a full-ubatch prefill touches of the compute buffer (activations).
     pub compute_bytes: u64,
+    /// Runtime tables that grow with the vocabulary, plus a fixed part.
+    pub overhead_bytes: u64,
+    /// The compute buffer llama.cpp reserves (address space; only `compute_bytes` of it is
+    /// touched by our engine). Not in the total.
+    pub compute_reserved_bytes: u64,
 }
+
+/// Fixed runtime cost of a loaded model and its context (backend, thread pool, graph metadata).
+pub const FIXED_OVERHEAD: u64 = 20 << 20;
+/// Runtime bytes per vocabulary entry (token text and maps, merges, logits row, sampler array).
+pub const PER_VOCAB_ENTRY: u64 = 300;
 
 impl Estimate {
     pub fn total(&self) -> u64 {
-        self.weights_bytes + self.repack_bytes + self.kv_bytes + self.recurrent_bytes + self.compute_bytes
+        self.weights_bytes + self.repack_bytes + self.kv_bytes + self.recurrent_bytes + self.compute_bytes + self.overhead_bytes
     }
 }
 
@@ -53,6 +81,12 @@ pub struct Shape {
     pub arch: String,
     pub n_layer: u64,
     pub n_vocab: u64,
+    pub n_embd: u64,
+    pub n_ff: u64,
+    pub n_head: u64,
+    /// Gated DeltaNet layers and their value heads × state size (0 for other architectures).
+    pub n_recurrent_layers: u64,
+    pub recurrent_heads_x_state: u64,
     /// Per layer: KV bytes per token per element size unit (n_head_kv × (k + v)), 0 for a layer
     /// without attention.
     pub kv_elems_per_token: Vec<u64>,
@@ -92,6 +126,9 @@ impl Shape {
         let mut kv: Vec<u64> = (0..n_layer as usize).map(|i| n_head_kv.get(i).copied().unwrap_or(n_head) * (k_len + v_len)).collect();
         let mut window = vec![None; n_layer as usize];
         let mut recurrent = 0;
+        let mut n_recurrent_layers = 0;
+        let mut recurrent_heads_x_state = 0;
+        let n_ff = per_layer(h, "feed_forward_length", n_layer).and_then(|v| v.into_iter().max()).unwrap_or(4 * n_embd);
         match arch.as_str() {
             "qwen35" | "qwen3next" => {
                 // Layer i is full attention when (i + 1) % interval == 0; the others are DeltaNet.
@@ -100,11 +137,13 @@ impl Shape {
                 let state = need("ssm.state_size")?;
                 let groups = need("ssm.group_count")?;
                 let inner = need("ssm.inner_size")?;
+                recurrent_heads_x_state = get_u64(h, "ssm.time_step_rank").unwrap_or(inner / state.max(1)) * state;
                 let per_layer_rs = 4 * ((conv - 1) * (inner + 2 * groups * state) + state * inner);
                 for (i, e) in kv.iter_mut().enumerate() {
                     if (i as u64 + 1) % interval != 0 {
                         *e = 0;
                         recurrent += per_layer_rs;
+                        n_recurrent_layers += 1;
                     }
                 }
             }
@@ -121,7 +160,19 @@ impl Shape {
             }
             _ => {}
         }
-        Ok(Shape { arch, n_layer, n_vocab, kv_elems_per_token: kv, window, recurrent_bytes_per_seq: recurrent })
+        Ok(Shape {
+            arch,
+            n_layer,
+            n_vocab,
+            n_embd,
+            n_ff,
+            n_head,
+            n_recurrent_layers,
+            recurrent_heads_x_state,
+            kv_elems_per_token: kv,
+            window,
+            recurrent_bytes_per_seq: recurrent,
+        })
     }
 }
 
@@ -150,9 +201,10 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
         .zip(&shape.window)
         .map(|(&e, w)| {
             let cells = match w {
-                // The sliding-window cache holds the window per sequence plus one ubatch.
-                Some(win) => pad256((win * p.n_seq + p.n_ubatch).min(p.n_ctx)),
-                None => n_ctx,
+                // Without swa_full the sliding-window cache holds the window per sequence plus
+                // one ubatch.
+                Some(win) if !p.swa_full => pad256((win * p.n_seq + p.n_ubatch).min(p.n_ctx)),
+                _ => n_ctx,
             };
             e * p.kv_elem_bytes * cells
         })
@@ -162,8 +214,23 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
         repack_bytes,
         kv_bytes,
         recurrent_bytes: shape.recurrent_bytes_per_seq * p.n_seq,
-        compute_bytes: p.n_ubatch * shape.n_vocab * 4,
+        compute_bytes: compute_touched(&shape, p),
+        overhead_bytes: FIXED_OVERHEAD + PER_VOCAB_ENTRY * shape.n_vocab,
+        compute_reserved_bytes: compute_touched(&shape, p) + p.n_ubatch * shape.n_vocab * 4,
     })
+}
+
+/// Activation bytes a full-ubatch prefill touches (see the module note for the coefficients).
+fn compute_touched(s: &Shape, p: &ContextParams) -> u64 {
+    let mut floats_per_token = 8 * s.n_embd + 2 * s.n_ff;
+    if s.n_recurrent_layers > 0 {
+        floats_per_token += 24 * s.recurrent_heads_x_state;
+    }
+    if !p.flash_attn {
+        // The attention scores of one layer: n_head × n_kv per token of the ubatch.
+        floats_per_token += s.n_head * pad256(p.n_ctx);
+    }
+    p.n_ubatch * floats_per_token * 4
 }
 
 /// Where a model's bytes go when its layers are offloaded.

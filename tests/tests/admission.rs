@@ -28,7 +28,7 @@ async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
         role("b", &gemma3(), 40, ""),
         role("c", &copy, 60, ""),
         role("d", &gemma3(), 70, ""),
-        role("huge", &gemma3(), 80, "n_ctx = 8192\nn_batch = 2048\nn_ubatch = 2048"),
+        role("huge", &gemma3(), 80, "n_ctx = 32768\nn_batch = 512\nn_ubatch = 512"),
     );
     let sup = Supervisor::new(config(&text), Registry::builtin());
     sup.ensure_loaded("a", |_| {}).await.unwrap();

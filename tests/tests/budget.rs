@@ -24,7 +24,11 @@ fn qwen35_9b_matches_the_memory_formulas() {
     assert_eq!(e.kv_bytes, 128 * MIB);
     // 24 DeltaNet layers of recurrent state, F32: 52,690,944 B per sequence.
     assert_eq!(e.recurrent_bytes, 52_690_944);
-    assert_eq!(e.compute_bytes, 512 * 248_320 * 4);
+    // Touched: activations of a 512-token ubatch, dense (8·4096 + 2·12288) plus DeltaNet
+    // (24 × 32 heads × 128) floats per token. Reserved adds the 512 × 248,320 logits rows.
+    assert_eq!(e.compute_bytes, 512 * (8 * 4096 + 2 * 12288 + 24 * 32 * 128) * 4);
+    assert_eq!(e.compute_reserved_bytes, e.compute_bytes + 512 * 248_320 * 4);
+    assert_eq!(e.overhead_bytes, 20 * MIB + 300 * 248_320);
     // Two cache slots keep two recurrent states but share the KV cells.
     let two = estimate(&h, &ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 2, ..Default::default() }).unwrap();
     assert_eq!((two.kv_bytes, two.recurrent_bytes), (e.kv_bytes, 2 * e.recurrent_bytes));
