@@ -49,6 +49,8 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Hold the running daemon under mixed traffic and faults; judge its memory, FDs, threads.
+    Soak(crate::soak::SoakArgs),
     /// What the configured models will cost and where they will run; loads nothing.
     Plan {
         #[command(flatten)]
@@ -198,6 +200,20 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Load { role, client } => simple(client, |id| Request::Load { id, role }).await,
         Command::Unload { role, client } => simple(client, |id| Request::Unload { id, role }).await,
         Command::Plan { common, json } => plan(&common, json),
+        Command::Soak(args) => soak(args).await,
+    }
+}
+
+async fn soak(args: crate::soak::SoakArgs) -> i32 {
+    let printer = Printer { json: args.json };
+    let socket = args.socket.clone().unwrap_or_else(crate::server::default_path);
+    match crate::soak::run(args, socket).await {
+        Ok(v) if v.passed() => 0,
+        Ok(_) => 1,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, format!("soak: {e:#}"));
+            2
+        }
     }
 }
 

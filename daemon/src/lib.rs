@@ -6,3 +6,4 @@ pub mod config;
 pub mod engine;
 pub mod plan;
 pub mod server;
+pub mod soak;

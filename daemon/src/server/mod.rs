@@ -4,6 +4,7 @@
 //! turns finish within the grace time, cancel the rest, close connections, unload the models,
 //! remove the socket file.
 
+mod heap;
 pub mod connection;
 pub mod socket;
 pub mod supervisor;
@@ -24,6 +25,7 @@ pub use supervisor::Supervisor;
 pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
     let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
     let bound = socket::bind(&path)?;
+    heap::fix_mmap_threshold();
     apply_htp_sessions(&config);
     let grace = config.daemon.shutdown_grace;
     let preload = config.daemon.preload;

@@ -152,6 +152,7 @@ impl Supervisor {
         let r = role.to_string();
         let unloaded = tokio::task::spawn_blocking(move || engine.unload(&r)).await.unwrap_or(false);
         if unloaded {
+            super::heap::trim();
             self.ledger.lock().expect("ledger").remove(role);
             self.set_role(role, ModelState::Unloaded, None, None);
         }

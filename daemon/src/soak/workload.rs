@@ -1,0 +1,172 @@
+//! The soak's traffic: clients that take turns of every kind against the daemon, with cancels,
+//! vanishing clients, and loads and unloads mixed in. Every step is drawn from a seeded RNG, so
+//! a failing run can be replayed with the same `--seed`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kazeia_ipc::{Client, ErrorCode, Event, Incoming, Request, TurnOptions};
+
+/// What one step of a client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A text turn on `chat`, read to the end.
+    Chat,
+    /// A text turn through both guards (`guarded-chat`), read to the end.
+    Guarded,
+    /// A turn cancelled after a random delay.
+    Cancel,
+    /// A turn whose client disconnects after a random delay (the daemon must clean up).
+    Vanish,
+    /// Unload a role and load it back (the ledger and the engine free and take memory).
+    Reload,
+    /// A status request.
+    Status,
+}
+
+impl Step {
+    pub fn draw(rng: &mut fastrand::Rng) -> Step {
+        match rng.u32(0..100) {
+            0..40 => Step::Chat,
+            40..65 => Step::Guarded,
+            65..77 => Step::Cancel,
+            77..87 => Step::Vanish,
+            87..92 => Step::Reload,
+            _ => Step::Status,
+        }
+    }
+}
+
+/// Outcomes, counted over the whole soak.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub done: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub vanished: AtomicU64,
+    pub busy: AtomicU64,
+    pub reloads: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Counts {
+    pub fn finished(&self) -> u64 {
+        self.done.load(Ordering::Relaxed) + self.cancelled.load(Ordering::Relaxed) + self.vanished.load(Ordering::Relaxed) + self.busy.load(Ordering::Relaxed)
+    }
+}
+
+pub struct Plan {
+    pub socket: PathBuf,
+    pub turns: u64,
+    pub max_tokens: u32,
+    pub roles: Vec<String>,
+    pub pipelines: Vec<String>,
+}
+
+const PROMPTS: &[&str] = &[
+    "What is the capital of France? Answer in one short sentence.",
+    "Give me three tips to sleep better.",
+    "Explain what a rainbow is to a child.",
+    "Write a haiku about the sea.",
+    "How do I boil an egg?",
+    "Quelle est la capitale de l'Italie ?",
+    "List four fruits that are red.",
+    "What should I pack for a weekend in the mountains?",
+];
+
+/// One client: take steps until `next` passes `plan.turns`. Unexpected errors are counted and
+/// logged, not fatal: the soak's verdict is about the daemon's process, and the log says why.
+pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, seed: u64) -> Result<(), String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut c = connect(&plan).await?;
+    while next.fetch_add(1, Ordering::Relaxed) < plan.turns {
+        let mut step = Step::draw(&mut rng);
+        if step == Step::Guarded && !plan.pipelines.iter().any(|p| p == "guarded-chat") {
+            step = Step::Chat;
+        }
+        let pipeline = if step == Step::Guarded { "guarded-chat" } else { "chat" };
+        let text = PROMPTS[rng.usize(..PROMPTS.len())];
+        let opts = TurnOptions { temperature: Some(0.7), seed: Some(rng.u32(..)), max_tokens: Some(plan.max_tokens) };
+        match step {
+            Step::Chat | Step::Guarded => {
+                let mut rx = c.turn(&c.new_id(), pipeline, text, opts).await.map_err(|e| e.to_string())?;
+                tally(&counts, end_of(&mut rx).await);
+            }
+            Step::Cancel => {
+                let id = c.new_id();
+                let mut rx = c.turn(&id, pipeline, text, opts).await.map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_millis(rng.u64(0..400))).await;
+                c.cancel(&id).await.map_err(|e| e.to_string())?;
+                tally(&counts, end_of(&mut rx).await);
+            }
+            Step::Vanish => {
+                let _rx = c.turn(&c.new_id(), pipeline, text, opts).await.map_err(|e| e.to_string())?;
+                tokio::time::sleep(Duration::from_millis(rng.u64(0..400))).await;
+                drop(_rx);
+                c = connect(&plan).await?;
+                counts.vanished.fetch_add(1, Ordering::Relaxed);
+            }
+            Step::Reload => {
+                let role = &plan.roles[rng.usize(..plan.roles.len())];
+                let unloaded = request(&c, Request::Unload { id: c.new_id(), role: role.clone() }).await;
+                let loaded = request(&c, Request::Load { id: c.new_id(), role: role.clone() }).await;
+                match (unloaded, loaded) {
+                    (_, Event::Loaded { .. }) => counts.reloads.fetch_add(1, Ordering::Relaxed),
+                    (u, l) => {
+                        tracing::warn!("reload of {role}: {u:?} then {l:?}");
+                        counts.errors.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+                counts.done.fetch_add(1, Ordering::Relaxed);
+            }
+            Step::Status => {
+                c.status().await.map_err(|e| format!("status: {e}"))?;
+                counts.done.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(plan: &Plan) -> Result<Client, String> {
+    Client::connect(&plan.socket, "kazeia-soak").await.map_err(|e| format!("connect {}: {e}", plan.socket.display()))
+}
+
+/// The last event of a request (unloading a role already unloaded is an error we expect).
+async fn request(c: &Client, req: Request) -> Event {
+    let Ok(mut rx) = c.send(req).await else { return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into() } };
+    loop {
+        match rx.recv().await {
+            Some(Incoming::Event(Event::LoadProgress { .. })) => {}
+            Some(Incoming::Event(ev)) => return ev,
+            Some(_) => {}
+            None => return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into() },
+        }
+    }
+}
+
+async fn end_of(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>) -> Event {
+    while let Some(item) = rx.recv().await {
+        if let Incoming::Event(ev @ (Event::Done { .. } | Event::Error { .. })) = item {
+            return ev;
+        }
+    }
+    Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed mid-turn".into() }
+}
+
+fn tally(counts: &Counts, end: Event) {
+    let n = match &end {
+        Event::Done { stop: kazeia_ipc::StopReason::Cancelled, .. } => &counts.cancelled,
+        Event::Done { .. } => &counts.done,
+        Event::Error { code: ErrorCode::Cancelled, .. } => &counts.cancelled,
+        Event::Error { code: ErrorCode::Busy, .. } => &counts.busy,
+        Event::Error { code, message, .. } => {
+            tracing::warn!("turn failed: {code:?}: {message}");
+            counts.errors.fetch_add(1, Ordering::Relaxed);
+            &counts.done
+        }
+        _ => &counts.done,
+    };
+    n.fetch_add(1, Ordering::Relaxed);
+}
