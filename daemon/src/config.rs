@@ -218,6 +218,23 @@ impl Default for DaemonConfig {
     }
 }
 
+/// `[dbus]`: publish `org.kazeia.Engine1` (opt-in; the socket stays the main interface).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DbusConfig {
+    pub enabled: bool,
+    /// `session`, `system`, or a bus address such as `unix:path=/run/user/1000/bus`.
+    pub bus: String,
+    /// The well-known name to own.
+    pub name: String,
+}
+
+impl Default for DbusConfig {
+    fn default() -> Self {
+        DbusConfig { enabled: false, bus: "session".into(), name: "org.kazeia.Engine1".into() }
+    }
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?}: {e} (e.g. \"10s\")")))
@@ -302,6 +319,8 @@ struct RawFile {
     #[serde(default)]
     daemon: DaemonConfig,
     #[serde(default)]
+    dbus: DbusConfig,
+    #[serde(default)]
     guard: kazeia_pipelines::GuardConfig,
     #[serde(default, rename = "model")]
     models: Vec<Spanned<ModelConfig>>,
@@ -314,6 +333,7 @@ pub struct Config {
     /// Where relative model files live.
     pub cache_dir: PathBuf,
     pub daemon: DaemonConfig,
+    pub dbus: DbusConfig,
     /// `[guard]`: prompt format, what blocks, refusals, rules.
     pub guard: kazeia_pipelines::GuardPolicy,
     pub budget: BudgetConfig,
@@ -386,7 +406,7 @@ impl Config {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
         let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard).map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
-        Ok(Config { path: path.into(), cache_dir, daemon, guard, budget: raw.budget, models })
+        Ok(Config { path: path.into(), cache_dir, daemon, dbus: raw.dbus, guard, budget: raw.budget, models })
     }
 
     pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {

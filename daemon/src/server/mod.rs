@@ -4,6 +4,7 @@
 //! turns finish within the grace time, cancel the rest, close connections, unload the models,
 //! remove the socket file.
 
+pub mod dbus;
 mod heap;
 pub mod connection;
 pub mod socket;
@@ -46,6 +47,10 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
                 }
             });
         }
+    }
+
+    if sup.config.dbus.enabled {
+        tokio::spawn(dbus::publish(sup.config.dbus.clone(), sup.clone()));
     }
 
     // Every second: keep-alive (unload roles idle past their `keep_alive`) and memory pressure.
