@@ -2,3 +2,4 @@
 # (and CI) reuses them and a build is never committed.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kazeia/target}"
 export KAZEIA_MODELS="${KAZEIA_MODELS:-$HOME/.cache/kazeia/models}"
+export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"

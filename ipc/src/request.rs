@@ -75,3 +75,82 @@ impl Request {
         }
     }
 }
+
+/// Every request `type` the daemon knows.
+pub const REQUEST_TYPES: &[&str] = &["hello", "turn", "cancel", "status", "load", "unload", "subscribe"];
+
+/// Why a JSON frame is not a request, with the code the daemon answers and the request's id
+/// when one could be read (so that the client can match the error to its request).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct ParseError {
+    pub id: Option<String>,
+    pub code: crate::ErrorCode,
+    pub message: String,
+}
+
+/// Parse a JSON frame's body, telling apart bad JSON, an unknown type and a malformed request.
+pub fn parse_request(body: &[u8]) -> Result<Request, ParseError> {
+    use crate::ErrorCode;
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError { id: None, code: ErrorCode::BadJson, message: e.to_string() })?;
+    let id = v.get("id").and_then(|i| i.as_str()).map(str::to_string);
+    let ty = v.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
+    if !REQUEST_TYPES.contains(&ty.as_str()) {
+        let message = format!("unknown request type {ty:?} (known: {})", REQUEST_TYPES.join(", "));
+        return Err(ParseError { id, code: ErrorCode::UnknownType, message });
+    }
+    serde_json::from_value(v).map_err(|e| ParseError { id, code: ErrorCode::BadRequest, message: format!("{ty}: {e}") })
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use crate::ErrorCode;
+    use proptest::prelude::*;
+
+    #[test]
+    fn errors_are_told_apart() {
+        assert_eq!(parse_request(b"{nope").unwrap_err().code, ErrorCode::BadJson);
+        let e = parse_request(br#"{"type":"dance","id":"7"}"#).unwrap_err();
+        assert_eq!((e.code, e.id.as_deref()), (ErrorCode::UnknownType, Some("7")));
+        let e = parse_request(br#"{"type":"turn","id":"8","options":{"bogus":1}}"#).unwrap_err();
+        assert_eq!((e.code, e.id.as_deref()), (ErrorCode::BadRequest, Some("8")));
+        assert_eq!(parse_request(br#"{"type":"status","id":"9"}"#).unwrap(), Request::Status { id: "9".into() });
+    }
+
+    fn arb_request() -> impl Strategy<Value = Request> {
+        let id = "[a-zA-Z0-9-]{1,16}";
+        prop_oneof![
+            (id, ".{0,40}", proptest::option::of(0.0f32..2.0), proptest::option::of(any::<u32>()), proptest::option::of(1u32..4096)).prop_map(
+                |(id, text, temperature, seed, max_tokens)| Request::Turn {
+                    id,
+                    pipeline: "chat".into(),
+                    text: Some(text),
+                    audio: None,
+                    session: None,
+                    options: TurnOptions { temperature, seed, max_tokens },
+                }
+            ),
+            id.prop_map(|id| Request::Cancel { id }),
+            id.prop_map(|id| Request::Status { id }),
+            (id, "[a-z]{1,8}").prop_map(|(id, role)| Request::Load { id, role }),
+            (id, "[a-z]{1,8}").prop_map(|(id, role)| Request::Unload { id, role }),
+            id.prop_map(|id| Request::Subscribe { id }),
+        ]
+    }
+
+    proptest! {
+        /// What a client serializes, the daemon parses back to the same request.
+        #[test]
+        fn requests_round_trip(req in arb_request()) {
+            let bytes = serde_json::to_vec(&req).unwrap();
+            prop_assert_eq!(parse_request(&bytes).unwrap(), req);
+        }
+
+        /// Arbitrary bytes never panic the parser, and always get a code.
+        #[test]
+        fn arbitrary_bytes_parse_or_get_a_code(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = parse_request(&b);
+        }
+    }
+}

@@ -20,7 +20,6 @@ use tokio_util::sync::CancellationToken;
 use super::supervisor::{Supervisor, TurnEntry};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const REQUEST_TYPES: &[&str] = &["hello", "turn", "cancel", "status", "load", "unload", "subscribe"];
 
 /// The sending half of a connection, shared by its tasks.
 #[derive(Clone)]
@@ -189,22 +188,11 @@ fn frame_error_code(e: &FrameError) -> ErrorCode {
     }
 }
 
-/// Parse a JSON frame, telling apart bad JSON, an unknown type and a malformed request.
-fn parse(b: &[u8]) -> Result<Request, (Option<String>, ErrorCode, String)> {
-    let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| (None, ErrorCode::BadJson, e.to_string()))?;
-    let id = v.get("id").and_then(|i| i.as_str()).map(str::to_string);
-    let ty = v.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
-    if !REQUEST_TYPES.contains(&ty.as_str()) {
-        return Err((id, ErrorCode::UnknownType, format!("unknown request type {ty:?} (known: {})", REQUEST_TYPES.join(", "))));
-    }
-    serde_json::from_value(v).map_err(|e| (id, ErrorCode::BadRequest, format!("{ty}: {e}")))
-}
-
 #[allow(clippy::too_many_arguments)]
 fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, tasks: &mut JoinSet<()>, conn: u64, uid: u32, b: &[u8]) {
-    let req = match parse(b) {
+    let req = match kazeia_ipc::parse_request(b) {
         Ok(r) => r,
-        Err((id, code, msg)) => return out.error(id, code, msg),
+        Err(e) => return out.error(e.id, e.code, e.message),
     };
     match req {
         Request::Hello { .. } => out.error(None, ErrorCode::BadRequest, "hello was already said"),
