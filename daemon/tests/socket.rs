@@ -382,6 +382,34 @@ fn systemd_socket_activation() {
     assert!(path.exists());
 }
 
+/// Android's init creates the `socket` of the service's .rc (dist/android/kazeia.rc) and passes
+/// its fd in `ANDROID_SOCKET_kazeia`; the daemon serves on it as on systemd's.
+#[test]
+fn android_init_socket() {
+    use std::os::unix::io::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let d = Daemon::start(&config(""));
+    let path = d.dir.path().join("android.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let fd = listener.as_raw_fd();
+    let cfg = d.dir.path().join("models.toml");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"));
+    cmd.args(["serve", "--config", cfg.to_str().unwrap()]).env("ANDROID_SOCKET_kazeia", "9").stderr(std::process::Stdio::null());
+    // SAFETY: dup2 is async-signal-safe; the new fd 9 is inheritable.
+    unsafe {
+        cmd.pre_exec(move || if libc::dup2(fd, 9) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(listener);
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write_frame(&mut s, 1, br#"{"type":"hello","protocol":1}"#);
+    assert_eq!(read_json(&mut s)["type"], "welcome");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(path.exists(), "the socket belongs to init");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn load_unload_and_subscribe() {
     let d = Daemon::start(&config("preload = false"));

@@ -44,8 +44,24 @@ impl Bound {
     }
 }
 
-/// A socket passed by systemd (`LISTEN_PID` = us, `LISTEN_FDS` >= 1): fd 3.
+/// A socket created by Android's init (`socket kazeia stream 0660 …` in the service's .rc):
+/// its fd is in `ANDROID_SOCKET_kazeia`, already bound and listening.
+fn android_socket() -> Result<Option<UnixListener>, SocketError> {
+    let Ok(fd) = std::env::var("ANDROID_SOCKET_kazeia") else { return Ok(None) };
+    let fd: i32 = fd.trim().parse().map_err(|_| SocketError::Activation(format!("ANDROID_SOCKET_kazeia={fd:?}")))?;
+    std::env::remove_var("ANDROID_SOCKET_kazeia");
+    // SAFETY: init hands this listening socket to this process; nobody else owns the fd.
+    let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+    std_listener.set_nonblocking(true).map_err(|e| SocketError::Activation(e.to_string()))?;
+    UnixListener::from_std(std_listener).map(Some).map_err(|e| SocketError::Activation(e.to_string()))
+}
+
+/// A socket passed by systemd (`LISTEN_PID` = us, `LISTEN_FDS` >= 1): fd 3; or by Android's
+/// init (see [`android_socket`]).
 fn activated() -> Result<Option<UnixListener>, SocketError> {
+    if let Some(l) = android_socket()? {
+        return Ok(Some(l));
+    }
     let (Ok(pid), Ok(fds)) = (std::env::var("LISTEN_PID"), std::env::var("LISTEN_FDS")) else {
         return Ok(None);
     };
