@@ -122,8 +122,14 @@ pub struct RunArgs {
     /// Pipeline name (`chat`, …) or a built-in/--pipelines file.
     pub pipeline: String,
     /// The user's text for this turn.
+    #[arg(long, required_unless_present = "audio")]
+    pub text: Option<String>,
+    /// A WAV file (any rate and channels) for the speech pipelines (`transcribe`).
     #[arg(long)]
-    pub text: String,
+    pub audio: Option<PathBuf>,
+    /// Spoken language (`fr`, `en`, …); default `[speech] language` (`auto` detects).
+    #[arg(long)]
+    pub language: Option<String>,
     #[command(flatten)]
     pub common: CommonArgs,
     #[command(flatten)]
@@ -404,6 +410,13 @@ async fn run(args: RunArgs) -> i32 {
             return 2;
         }
     };
+    if args.pipeline == "transcribe" {
+        return transcribe(args, config, printer).await;
+    }
+    let Some(text) = args.text.clone() else {
+        printer.error(ErrorCode::BadRequest, format!("pipeline {:?} takes --text", args.pipeline));
+        return 2;
+    };
     let registry = match &args.common.pipelines {
         Some(dir) => Registry::with_dir(dir),
         None => Ok(Registry::builtin()),
@@ -434,7 +447,7 @@ async fn run(args: RunArgs) -> i32 {
 
     let input = TurnInput {
         id: None,
-        text: args.text,
+        text,
         options: args.sampling.generate_options(),
         session: None,
     };
@@ -456,6 +469,51 @@ async fn run(args: RunArgs) -> i32 {
 }
 
 /// Load one role of the config, with a progress bar on an interactive stderr.
+/// `kazeia run transcribe --audio in.wav [--language fr]`: VAD + Whisper in this process.
+async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
+    use crate::speech::{audio, Transcriber};
+    let Some(path) = args.audio.clone() else {
+        printer.error(ErrorCode::BadRequest, "transcribe takes --audio FILE.wav".into());
+        return 2;
+    };
+    let language = args.language.clone().unwrap_or_else(|| config.speech.language.clone());
+    let language = (language != "auto").then_some(language);
+    let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
+        let samples = audio::read_wav(&path)?;
+        let mut t = Transcriber::load(&config)?;
+        tracing::info!(device = %t.whisper.placement.device, reason = %t.whisper.placement.reason, "whisper placement");
+        let start = std::time::Instant::now();
+        let out = t.transcribe(&samples, language.as_deref(), &|| false)?;
+        let rtf = start.elapsed().as_secs_f64() / (samples.len() as f64 / 16_000.0);
+        Ok((out, rtf))
+    })
+    .await;
+    match result {
+        Ok(Ok((t, rtf))) => {
+            if printer.json {
+                printer.event(&Event::Transcript { id: None, text: t.text, language: Some(t.language) });
+            } else {
+                println!("{}", t.text);
+                eprintln!("[{}; {} tokens; encoder {:.0} ms, decoder {:.0} ms; rtf {rtf:.3}]", t.language, t.tokens, t.encoder_ms, t.decoder_ms);
+            }
+            0
+        }
+        Ok(Err(e)) => {
+            let code = match e {
+                crate::speech::SpeechError::Missing(_) | crate::speech::SpeechError::BadModel { .. } | crate::speech::SpeechError::NoRuntime(_) => ErrorCode::ModelFile,
+                crate::speech::SpeechError::Audio(_) => ErrorCode::BadRequest,
+                _ => ErrorCode::Engine,
+            };
+            printer.error(code, e.to_string());
+            1
+        }
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            1
+        }
+    }
+}
+
 pub async fn load_role(engine: &Engine, config: &Config, role: &str, show_progress: bool) -> Result<(), LlmError> {
     let cfg = config.model(role).map_err(|e| LlmError::new(ErrorCode::NoModel, e.to_string()))?.clone();
     let path = config.model_path(&cfg);

@@ -218,6 +218,37 @@ impl Default for DaemonConfig {
     }
 }
 
+/// `[speech]`: the ONNX models of the voice path, relative to the model cache.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpeechConfig {
+    /// Whisper directory (encoder.onnx, decoder.onnx, whisper.json, vocabulary.txt).
+    pub stt: PathBuf,
+    /// Silero VAD.
+    pub vad: PathBuf,
+    /// `htp` (QNN, HTP backend), `cpu`, or `auto` (QNN if present, else CPU).
+    pub backend: Backend,
+    pub threads: usize,
+    /// `auto` detects; else a Whisper language code (`fr`, `en`).
+    pub language: String,
+    /// Silence that ends an utterance.
+    #[serde(deserialize_with = "de_duration")]
+    pub vad_silence: Duration,
+}
+
+impl Default for SpeechConfig {
+    fn default() -> Self {
+        SpeechConfig {
+            stt: "whisper-base".into(),
+            vad: "silero/silero_vad.onnx".into(),
+            backend: Backend::Auto,
+            threads: 2,
+            language: "auto".into(),
+            vad_silence: Duration::from_millis(500),
+        }
+    }
+}
+
 /// `[dbus]`: publish `org.kazeia.Engine1` (opt-in; the socket stays the main interface).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -321,6 +352,8 @@ struct RawFile {
     #[serde(default)]
     dbus: DbusConfig,
     #[serde(default)]
+    speech: SpeechConfig,
+    #[serde(default)]
     guard: kazeia_pipelines::GuardConfig,
     #[serde(default, rename = "model")]
     models: Vec<Spanned<ModelConfig>>,
@@ -334,6 +367,7 @@ pub struct Config {
     pub cache_dir: PathBuf,
     pub daemon: DaemonConfig,
     pub dbus: DbusConfig,
+    pub speech: SpeechConfig,
     /// `[guard]`: prompt format, what blocks, refusals, rules.
     pub guard: kazeia_pipelines::GuardPolicy,
     pub budget: BudgetConfig,
@@ -406,7 +440,7 @@ impl Config {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
         let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard).map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
-        Ok(Config { path: path.into(), cache_dir, daemon, dbus: raw.dbus, guard, budget: raw.budget, models })
+        Ok(Config { path: path.into(), cache_dir, daemon, dbus: raw.dbus, speech: raw.speech, guard, budget: raw.budget, models })
     }
 
     pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {
@@ -418,6 +452,15 @@ impl Config {
     }
 
     /// The model file's full path.
+    /// A path from the config: absolute as is, relative to the model cache otherwise.
+    pub fn cache_path(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.cache_dir.join(p)
+        }
+    }
+
     pub fn model_path(&self, m: &ModelConfig) -> PathBuf {
         let file = expand_home(&m.file);
         if file.is_absolute() {

@@ -7,3 +7,4 @@ pub mod engine;
 pub mod plan;
 pub mod server;
 pub mod soak;
+pub mod speech;
