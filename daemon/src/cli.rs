@@ -130,6 +130,9 @@ pub struct RunArgs {
     /// Spoken language (`fr`, `en`, …); default `[speech] language` (`auto` detects).
     #[arg(long)]
     pub language: Option<String>,
+    /// Where `speak` and `voice` write the spoken reply (WAV).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     #[command(flatten)]
     pub common: CommonArgs,
     #[command(flatten)]
@@ -413,6 +416,51 @@ async fn run(args: RunArgs) -> i32 {
     if args.pipeline == "transcribe" {
         return transcribe(args, config, printer).await;
     }
+    if args.pipeline == "speak" {
+        return speak(args, config, printer).await;
+    }
+    // `voice`: speech in, the guarded cascade, speech out.
+    let mut args = args;
+    let mut voice_out = None;
+    if args.pipeline == "voice" {
+        let (Some(audio_path), Some(out)) = (args.audio.clone(), args.out.clone()) else {
+            printer.error(ErrorCode::BadRequest, "voice takes --audio IN.wav --out REPLY.wav".into());
+            return 2;
+        };
+        let language = args.language.clone().unwrap_or_else(|| config.speech.language.clone());
+        let heard = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
+                let samples = crate::speech::audio::read_wav(&audio_path)?;
+                let mut t = crate::speech::Transcriber::load(&config)?;
+                t.transcribe(&samples, (language != "auto").then_some(language.as_str()), &|| false)
+            })
+            .await
+        };
+        let t = match heard {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                printer.error(speech_code(&e), e.to_string());
+                return 1;
+            }
+            Err(e) => {
+                printer.error(ErrorCode::Engine, e.to_string());
+                return 1;
+            }
+        };
+        printer.event(&Event::Transcript { id: None, text: t.text.clone(), language: Some(t.language.clone()) });
+        let lang = if config.speech.voices.contains_key(&t.language) { t.language.clone() } else { config.speech.default_language.clone() };
+        let voice = match crate::speech::voice_for(&config, &lang) {
+            Ok(v) => v,
+            Err(e) => {
+                printer.error(speech_code(&e), e.to_string());
+                return 1;
+            }
+        };
+        voice_out = Some((out, SpeakerThread::start(voice)));
+        args.text = Some(t.text);
+        args.pipeline = "guarded-chat".into();
+    }
     let Some(text) = args.text.clone() else {
         printer.error(ErrorCode::BadRequest, format!("pipeline {:?} takes --text", args.pipeline));
         return 2;
@@ -460,15 +508,122 @@ async fn run(args: RunArgs) -> i32 {
         if matches!(ev, Event::Error { .. }) {
             code = 1;
         }
+        if let (Event::Sentence { text, .. }, Some((_, speaker))) = (&ev, &voice_out) {
+            speaker.say(text.clone());
+        }
         printer.event(&ev);
     }
     let _ = turn.await;
+    if let Some((out, speaker)) = voice_out {
+        match tokio::task::spawn_blocking(move || speaker.finish()).await.expect("speaker thread") {
+            Ok((samples, rate, first_audio_ms)) => {
+                if let Err(e) = crate::speech::audio::write_wav(&out, &samples, rate) {
+                    printer.error(ErrorCode::BadRequest, e.to_string());
+                    code = 1;
+                } else if !printer.json {
+                    eprintln!("[reply: {:.1} s of audio in {}; first audio after {first_audio_ms:.0} ms]", samples.len() as f64 / f64::from(rate), out.display());
+                }
+            }
+            Err(e) => {
+                printer.error(speech_code(&e), e.to_string());
+                code = 1;
+            }
+        }
+    }
     // Unloading joins the engine threads: do it off the async workers.
     let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
     code
 }
 
 /// Load one role of the config, with a progress bar on an interactive stderr.
+fn speech_code(e: &crate::speech::SpeechError) -> ErrorCode {
+    use crate::speech::SpeechError as S;
+    match e {
+        S::Missing(_) | S::BadModel { .. } | S::NoRuntime(_) | S::NoQnn { .. } => ErrorCode::ModelFile,
+        S::Audio(_) => ErrorCode::BadRequest,
+        _ => ErrorCode::Engine,
+    }
+}
+
+/// Speaks sentences on its own thread as they arrive, so that synthesis of sentence n overlaps
+/// generation of sentence n+1; the first audio exists as soon as the first sentence does.
+struct SpeakerThread {
+    tx: std::sync::mpsc::Sender<String>,
+    handle: std::thread::JoinHandle<Result<(Vec<f32>, u32, f64), crate::speech::SpeechError>>,
+}
+
+impl SpeakerThread {
+    fn start(mut voice: Box<dyn crate::speech::Voice>) -> SpeakerThread {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let t0 = std::time::Instant::now();
+        let handle = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let mut first = None;
+            for sentence in rx {
+                let mut s = voice.synthesize(&sentence)?;
+                first.get_or_insert(t0.elapsed().as_secs_f64() * 1e3);
+                // A short pause between sentences.
+                s.extend(std::iter::repeat_n(0.0, voice.sample_rate() as usize / 5));
+                all.extend(s);
+            }
+            Ok((all, voice.sample_rate(), first.unwrap_or(0.0)))
+        });
+        SpeakerThread { tx, handle }
+    }
+
+    fn say(&self, sentence: String) {
+        let _ = self.tx.send(sentence);
+    }
+
+    fn finish(self) -> Result<(Vec<f32>, u32, f64), crate::speech::SpeechError> {
+        drop(self.tx);
+        self.handle.join().unwrap_or_else(|_| Err(crate::speech::SpeechError::Run("the speaker thread panicked".into())))
+    }
+}
+
+/// `kazeia run speak --text "…" --out out.wav [--language en]`: sentence by sentence.
+async fn speak(args: RunArgs, config: Config, printer: Printer) -> i32 {
+    let (Some(text), Some(out)) = (args.text.clone(), args.out.clone()) else {
+        printer.error(ErrorCode::BadRequest, "speak takes --text \"…\" --out FILE.wav".into());
+        return 2;
+    };
+    let language = args.language.clone().unwrap_or_else(|| {
+        let l = kazeia_pipelines::guard::detect_language(&text);
+        if config.speech.voices.contains_key(l) { l.to_string() } else { config.speech.default_language.clone() }
+    });
+    let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
+        let voice = crate::speech::voice_for(&config, &language)?;
+        let name = voice.name();
+        let speaker = SpeakerThread::start(voice);
+        let mut rest = text.as_str();
+        while !rest.trim().is_empty() {
+            let n = kazeia_pipelines::split::first_sentence(rest).unwrap_or(rest.len());
+            speaker.say(rest[..n].trim().to_string());
+            rest = &rest[n..];
+        }
+        let (samples, rate, first) = speaker.finish()?;
+        crate::speech::audio::write_wav(&out, &samples, rate)?;
+        Ok((name, samples.len() as f64 / f64::from(rate), first, out))
+    })
+    .await;
+    match result {
+        Ok(Ok((name, seconds, first, out))) => {
+            if !printer.json {
+                eprintln!("[{name}: {seconds:.1} s of audio in {}; first sentence after {first:.0} ms]", out.display());
+            }
+            0
+        }
+        Ok(Err(e)) => {
+            printer.error(speech_code(&e), e.to_string());
+            1
+        }
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            1
+        }
+    }
+}
+
 /// `kazeia run transcribe --audio in.wav [--language fr]`: VAD + Whisper in this process.
 async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
     use crate::speech::{audio, Transcriber};
@@ -499,12 +654,7 @@ async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
             0
         }
         Ok(Err(e)) => {
-            let code = match e {
-                crate::speech::SpeechError::Missing(_) | crate::speech::SpeechError::BadModel { .. } | crate::speech::SpeechError::NoRuntime(_) => ErrorCode::ModelFile,
-                crate::speech::SpeechError::Audio(_) => ErrorCode::BadRequest,
-                _ => ErrorCode::Engine,
-            };
-            printer.error(code, e.to_string());
+            printer.error(speech_code(&e), e.to_string());
             1
         }
         Err(e) => {

@@ -234,6 +234,10 @@ pub struct SpeechConfig {
     /// Silence that ends an utterance.
     #[serde(deserialize_with = "de_duration")]
     pub vad_silence: Duration,
+    /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.
+    pub voices: std::collections::BTreeMap<String, String>,
+    /// Language of replies whose language cannot be told (`en`, `fr`).
+    pub default_language: String,
 }
 
 impl Default for SpeechConfig {
@@ -245,6 +249,9 @@ impl Default for SpeechConfig {
             threads: 2,
             language: "auto".into(),
             vad_silence: Duration::from_millis(500),
+            // No French neural voice ships in the registries: espeak-ng speaks French.
+            voices: [("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()), ("fr".to_string(), "espeak:fr".to_string())].into(),
+            default_language: "fr".into(),
         }
     }
 }

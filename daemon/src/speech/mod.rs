@@ -4,6 +4,7 @@
 pub mod audio;
 pub mod mel;
 pub mod runtime;
+pub mod tts;
 pub mod vad;
 pub mod whisper;
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 pub use runtime::{Placement, SpeechError};
 pub use vad::{Segment, Vad, VadEvent, VadParams};
+pub use tts::{Espeak, Piper, Voice};
 pub use whisper::{Transcript, Whisper};
 
 use crate::config::Config;
@@ -72,6 +74,17 @@ impl Transcriber {
             all.decoder_ms += t.decoder_ms;
         }
         Ok(all)
+    }
+}
+
+/// The voice for `language`: `[speech] voices` maps a language to a Piper .onnx (relative to
+/// the cache) or to `espeak:<voice>`; languages it does not name fall back to espeak-ng.
+pub fn voice_for(config: &Config, language: &str) -> Result<Box<dyn Voice>, SpeechError> {
+    let s = &config.speech;
+    let spec = s.voices.get(language).cloned().unwrap_or_else(|| format!("espeak:{language}"));
+    match spec.strip_prefix("espeak:") {
+        Some(v) => Ok(Box::new(Espeak { voice: v.to_string() })),
+        None => Ok(Box::new(Piper::load(&config.cache_path(std::path::Path::new(&spec)), s.threads, s.backend)?)),
     }
 }
 
