@@ -231,6 +231,8 @@ pub struct SpeechConfig {
     pub threads: usize,
     /// `auto` detects; else a Whisper language code (`fr`, `en`).
     pub language: String,
+    /// What `auto` chooses among (empty: any of Whisper's 99).
+    pub languages: Vec<String>,
     /// Silence that ends an utterance.
     #[serde(deserialize_with = "de_duration")]
     pub vad_silence: Duration,
@@ -248,6 +250,7 @@ impl Default for SpeechConfig {
             backend: Backend::Auto,
             threads: 2,
             language: "auto".into(),
+            languages: vec!["fr".into(), "en".into()],
             vad_silence: Duration::from_millis(500),
             // No French neural voice ships in the registries: espeak-ng speaks French.
             voices: [("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()), ("fr".to_string(), "espeak:fr".to_string())].into(),

@@ -122,9 +122,13 @@ impl Mel {
                 out[m * N_FRAMES + frame] = v;
             }
         }
+        // faster-whisper then treats all but the last frame as content (`content_frames =
+        // n_frames - 1`) and zero-fills the window after it.
+        let content = n_frames.saturating_sub(1);
         for m in 0..N_MELS {
-            for v in &mut out[m * N_FRAMES..m * N_FRAMES + n_frames] {
-                *v = (v.max(peak - 8.0) + 4.0) / 4.0;
+            let row = &mut out[m * N_FRAMES..(m + 1) * N_FRAMES];
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = if i < content { (v.max(peak - 8.0) + 4.0) / 4.0 } else { 0.0 };
             }
         }
         out

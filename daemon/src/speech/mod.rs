@@ -22,6 +22,8 @@ use crate::config::Config;
 pub struct Transcriber {
     pub vad: Vad,
     pub whisper: Whisper,
+    /// Languages detection chooses among (`[speech] languages`).
+    pub candidates: Vec<String>,
 }
 
 impl Transcriber {
@@ -30,7 +32,7 @@ impl Transcriber {
         let params = VadParams { min_silence: s.vad_silence, ..VadParams::default() };
         let vad = Vad::load(&config.cache_path(&s.vad), s.backend, params)?;
         let whisper = Whisper::load(&config.cache_path(&s.stt), s.threads, s.backend)?;
-        Ok(Transcriber { vad, whisper })
+        Ok(Transcriber { vad, whisper, candidates: s.languages.clone() })
     }
 
     /// Windows of at most 30 s, cut between the VAD's utterances (one utterance longer than
@@ -62,7 +64,7 @@ impl Transcriber {
             if cancel() {
                 break;
             }
-            let t = self.whisper.transcribe_window(&audio[w.start..w.end], lang.as_deref(), cancel)?;
+            let t = self.whisper.transcribe_window(&audio[w.start..w.end], lang.as_deref(), &self.candidates, cancel)?;
             lang.get_or_insert(t.language.clone());
             if !all.text.is_empty() && !t.text.is_empty() {
                 all.text.push(' ');

@@ -126,8 +126,10 @@ impl Whisper {
     }
 
     /// Transcribe up to 30 s of 16 kHz mono audio. `language`: a Whisper code (`fr`, `en`, …)
-    /// or None to detect it. `cancel` is checked between tokens.
-    pub fn transcribe_window(&mut self, samples: &[f32], language: Option<&str>, cancel: &dyn Fn() -> bool) -> Result<Transcript, SpeechError> {
+    /// or None to detect it among `candidates` (all of Whisper's when empty: a French-first app
+    /// says `["fr", "en"]`, so that robotic or accented French is not heard as Thai).
+    /// `cancel` is checked between tokens.
+    pub fn transcribe_window(&mut self, samples: &[f32], language: Option<&str>, candidates: &[String], cancel: &dyn Fn() -> bool) -> Result<Transcript, SpeechError> {
         let t0 = std::time::Instant::now();
         let cross = self.encode(samples)?;
         let encoder_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -137,7 +139,10 @@ impl Whisper {
         let logits = self.step(SOT, 0, &mut past, &cross)?;
         let lang_idx = match language {
             Some(code) => self.meta.languages.iter().position(|l| l == code).ok_or_else(|| SpeechError::Audio(format!("unknown language {code:?}")))?,
-            None => (0..self.meta.lang_ids.len()).max_by(|&a, &b| logits[self.meta.lang_ids[a] as usize].total_cmp(&logits[self.meta.lang_ids[b] as usize])).unwrap_or(0),
+            None => (0..self.meta.lang_ids.len())
+                .filter(|&i| candidates.is_empty() || candidates.contains(&self.meta.languages[i]))
+                .max_by(|&a, &b| logits[self.meta.lang_ids[a] as usize].total_cmp(&logits[self.meta.lang_ids[b] as usize]))
+                .unwrap_or(0),
         };
         let prompt = [self.meta.lang_ids[lang_idx], TRANSCRIBE, NO_TIMESTAMPS];
         let mut logits = Vec::new();
