@@ -97,9 +97,55 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
             note,
         });
     }
+    // Speech (ONNX): file size × the factor measured per kind (memory-budget/src/onnx.rs).
+    models.extend(speech_plans(config));
     let total_bytes = models.iter().map(|m| m.total_bytes).sum();
     let budget_bytes = config.budget.budget_bytes();
     Ok(Plan { budget_bytes, total_bytes, fits: total_bytes <= budget_bytes, models })
+}
+
+fn speech_plans(config: &Config) -> Vec<ModelPlan> {
+    use kazeia_memory_budget::onnx::{estimate_onnx, OnnxKind};
+    let s = &config.speech;
+    let stt = config.cache_path(&s.stt);
+    let vad = config.cache_path(&s.vad);
+    let mut rows = vec![("stt", vec![stt.join("encoder.onnx"), stt.join("decoder.onnx"), vad], OnnxKind::Stt)];
+    for (lang, voice) in &s.voices {
+        if !voice.starts_with("espeak:") {
+            rows.push(("tts", vec![config.cache_path(Path::new(voice))], OnnxKind::Tts));
+            let _ = lang;
+        }
+    }
+    rows.into_iter()
+        .map(|(role, files, kind)| {
+            let missing: Vec<String> = files.iter().filter(|f| !f.is_file()).map(|f| f.display().to_string()).collect();
+            let bytes: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+            let total = estimate_onnx(bytes, kind);
+            let note = if missing.is_empty() {
+                Some(format!("ONNX: {bytes} B of files × {} (measured factor)", kind.factor()))
+            } else {
+                Some(format!("missing: {} (run tools/fetch-models)", missing.join(", ")))
+            };
+            ModelPlan {
+                role: role.into(),
+                file: files.first().map(|f| f.display().to_string()).unwrap_or_default(),
+                shares_weights_with: None,
+                weights_bytes: total,
+                kv_bytes: 0,
+                recurrent_bytes: 0,
+                compute_bytes: 0,
+                compute_reserved_bytes: 0,
+                overhead_bytes: 0,
+                total_bytes: total,
+                backend: format!("{:?}", s.backend).to_lowercase(),
+                htp_sessions: 0,
+                layer_ranges: vec![],
+                htp_devices: None,
+                cpu_weights_bytes: 0,
+                note,
+            }
+        })
+        .collect()
 }
 
 fn mib(b: u64) -> String {

@@ -7,6 +7,7 @@ pub mod estimate;
 pub mod gguf;
 pub mod htp;
 pub mod ledger;
+pub mod onnx;
 pub mod pressure;
 
 pub use estimate::{estimate, htp_runs, layer_bytes, ContextParams, Estimate, LayerBytes, Shape};
