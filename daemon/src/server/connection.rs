@@ -5,7 +5,8 @@
 //! connection ends for any reason, every turn it started is cancelled.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -138,6 +139,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     // Cancels everything this connection started.
     let conn_cancel = CancellationToken::new();
     let mut tasks = JoinSet::new();
+    let audio: AudioTurns = Arc::new(Mutex::new(HashMap::new()));
 
     loop {
         tokio::select! {
@@ -145,11 +147,8 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
             _ = closing.cancelled() => break,
             frame = stream.next() => match frame {
                 None => break,
-                Some(Ok(Frame::Json(b))) => on_json(&sup, &out, &conn_cancel, &mut tasks, conn, uid, &b),
-                Some(Ok(Frame::Audio(a))) => {
-                    let msg = format!("audio frame for {:?}, which is not a running audio turn", a.id);
-                    out.error(Some(a.id), ErrorCode::NoAudioRequest, msg);
-                }
+                Some(Ok(Frame::Json(b))) => on_json(&sup, &out, &conn_cancel, &mut tasks, &audio, conn, uid, &b),
+                Some(Ok(Frame::Audio(a))) => on_audio(&out, &audio, a),
                 Some(Ok(Frame::Invalid(e))) => out.error(None, ErrorCode::BadFrame, e.to_string()),
                 Some(Err(FrameError::Io(_))) => break,
                 Some(Err(e)) => {
@@ -188,8 +187,29 @@ fn frame_error_code(e: &FrameError) -> ErrorCode {
     }
 }
 
+/// The connection's running audio turns, by request id.
+type AudioTurns = Arc<Mutex<HashMap<String, super::voice::AudioInput>>>;
+
+fn on_audio(out: &Outbox, audio: &AudioTurns, a: kazeia_ipc::AudioFrame) {
+    let mut turns = audio.lock().expect("audio turns");
+    let Some(input) = turns.get_mut(&a.id) else {
+        let msg = format!("audio frame for {:?}, which is not a running audio turn", a.id);
+        return out.error(Some(a.id), ErrorCode::NoAudioRequest, msg);
+    };
+    if !input.matches(&a) {
+        return out.error(Some(a.id), ErrorCode::BadFrame, "audio frame with another rate or channel count than the turn's `audio`");
+    }
+    if !input.push(&a) && !input.overrun {
+        input.overrun = true;
+        out.error(Some(a.id), ErrorCode::Busy, "audio overrun: the speech thread is more than 20 s behind; samples were dropped");
+    }
+}
+
+/// The audio pipelines, served by server/voice.rs rather than by pipeline files.
+const AUDIO_PIPELINES: &[&str] = &["transcribe", "voice"];
+
 #[allow(clippy::too_many_arguments)]
-fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, tasks: &mut JoinSet<()>, conn: u64, uid: u32, b: &[u8]) {
+fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, tasks: &mut JoinSet<()>, audio: &AudioTurns, conn: u64, uid: u32, b: &[u8]) {
     let req = match kazeia_ipc::parse_request(b) {
         Ok(r) => r,
         Err(e) => return out.error(e.id, e.code, e.message),
@@ -239,17 +259,43 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 }
             });
         }
-        Request::Turn { id, pipeline, text, audio, session, options } => {
+        Request::Turn { id, pipeline, text, audio: audio_spec, session, options } => {
             if sup.stopping.is_cancelled() {
                 return out.error(Some(id), ErrorCode::ShuttingDown, "the daemon is shutting down");
             }
             if sup.pressure() == kazeia_memory_budget::pressure::Level::Critical {
                 return out.error(Some(id), ErrorCode::MemoryPressure, "critical memory pressure: new turns are refused until it eases");
             }
+            if AUDIO_PIPELINES.contains(&pipeline.as_str()) {
+                let Some(spec) = audio_spec else {
+                    return out.error(Some(id), ErrorCode::BadRequest, format!("pipeline {pipeline:?} takes audio: give `audio` {{sample_rate, channels}} and send audio frames"));
+                };
+                if spec.sample_rate < 8_000 || spec.channels == 0 {
+                    return out.error(Some(id), ErrorCode::BadRequest, "audio: sample_rate >= 8000 and channels >= 1");
+                }
+                let cancel = conn_cancel.child_token();
+                if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
+                    return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+                }
+                out.send(&Event::Accepted { id: id.clone(), pipeline: pipeline.clone() });
+                let sender = out.clone();
+                let send: Arc<dyn Fn(Frame) + Send + Sync> = Arc::new(move |f| sender.send_frame(f));
+                let done = {
+                    let (sup, audio, id) = (sup.clone(), audio.clone(), id.clone());
+                    Box::new(move || {
+                        audio.lock().expect("audio turns").remove(&id);
+                        sup.remove_turn(conn, &id);
+                    })
+                };
+                let input = super::voice::start(sup.clone(), id.clone(), pipeline == "voice", spec.sample_rate, u16::from(spec.channels), cancel, send, done);
+                audio.lock().expect("audio turns").insert(id, input);
+                return;
+            }
             let pipeline = match sup.registry.get(&pipeline) {
                 Ok(p) => p.clone(),
                 Err(e) => return out.error(Some(id), ErrorCode::Pipeline, e.to_string()),
             };
+            let audio = audio_spec;
             let text = match (text, audio) {
                 (Some(t), None) => t,
                 (_, Some(_)) => return out.error(Some(id), ErrorCode::BadRequest, format!("pipeline {:?} does not take audio", pipeline.name)),

@@ -9,6 +9,7 @@ mod heap;
 pub mod connection;
 pub mod socket;
 pub mod supervisor;
+pub mod voice;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -54,6 +54,8 @@ pub struct Supervisor {
     pub changes: broadcast::Sender<()>,
     /// Cancelled when the daemon begins to shut down: no new work is taken.
     pub stopping: CancellationToken,
+    /// The speech models, loaded by the first audio turn.
+    speech: Mutex<Option<Arc<super::voice::SpeechStack>>>,
 }
 
 impl Supervisor {
@@ -80,6 +82,7 @@ impl Supervisor {
             next_conn: AtomicU64::new(1),
             changes: broadcast::channel(16).0,
             stopping: CancellationToken::new(),
+            speech: Mutex::new(None),
         })
     }
 
@@ -267,6 +270,32 @@ impl Supervisor {
     }
 
     /// Cancel every running turn (shutdown after the grace time).
+    /// The speech stack, loaded on first use and entered in the ledger as role `speech`
+    /// (estimate: ONNX file size × the measured factor; then the measured RSS growth). It never
+    /// evicts a language model: if it does not fit, the audio turn is refused.
+    pub fn speech(&self) -> Result<Arc<super::voice::SpeechStack>, crate::speech::SpeechError> {
+        let mut slot = self.speech.lock().expect("speech");
+        if let Some(s) = &*slot {
+            return Ok(s.clone());
+        }
+        let plan = crate::plan::plan(&self.config).map_err(crate::speech::SpeechError::Run)?;
+        let need: u64 = plan.models.iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
+        let refused = self.ledger.lock().expect("ledger").admit("speech", need, 95, |_| true);
+        match refused {
+            Ok(v) if v.is_empty() => {}
+            Ok(_) => return Err(crate::speech::SpeechError::Run(format!("over budget: speech needs {need} B and would have to evict a language model"))),
+            Err(r) => return Err(crate::speech::SpeechError::Run(format!("over budget: {r}"))),
+        }
+        let before = rss_bytes();
+        let stack = Arc::new(super::voice::SpeechStack::load(self)?);
+        let measured = before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
+        let file = self.config.cache_path(&self.config.speech.stt).display().to_string();
+        self.ledger.lock().expect("ledger").insert("speech", &file, 95, 0, need, measured);
+        let _ = self.changes.send(());
+        *slot = Some(stack.clone());
+        Ok(stack)
+    }
+
     pub fn cancel_all(&self) {
         for t in self.turns.lock().expect("turns lock").values() {
             t.cancel.cancel();
