@@ -59,13 +59,34 @@ fn bad_config_and_unknown_pipeline_are_error_events() {
 }
 
 #[test]
+fn run_transcribe_json_gives_a_transcript_event() {
+    // Speech made here: the Piper voice, through `kazeia run speak`.
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("q.wav");
+    let (code, _, err) = kazeia(&["run", "speak", "--language", "en", "--text", "Please send me the report before Friday afternoon.", "--out", wav.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = kazeia(&["run", "transcribe", "--audio", wav.to_str().unwrap(), "--language", "en", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let ev: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
+    assert_eq!(ev["type"], "transcript");
+    assert_eq!(ev["text"], "Please send me the report before Friday afternoon.");
+    assert_eq!(ev["language"], "en");
+    // A missing audio file is a clear error event.
+    let (code, out, _) = kazeia(&["run", "transcribe", "--audio", "/nonexistent.wav", "--json"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("\"code\":\"bad_request\"") && out.contains("nonexistent.wav"), "{out}");
+}
+
+#[test]
 fn plan_json_reads_headers_only() {
     let (code, out, err) = kazeia(&["plan", "--json"]);
     assert_eq!(code, 0, "{err}");
     let p: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(p["fits"].as_bool().unwrap());
     let models = p["models"].as_array().unwrap();
-    assert_eq!(models.len(), 2);
+    // Thinker and Guard (GGUF), then the speech models (ONNX: stt, and the Piper voice).
+    let roles: Vec<&str> = models.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["thinker", "guard", "stt", "tts"]);
     for m in models {
         for k in ["weights_bytes", "kv_bytes", "recurrent_bytes", "compute_bytes", "total_bytes", "htp_sessions"] {
             assert!(m[k].is_u64(), "{k} in {m}");

@@ -89,7 +89,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
                 let welcome = Event::Welcome {
                     protocol: PROTOCOL_VERSION,
                     server: format!("kazeia {}", env!("CARGO_PKG_VERSION")),
-                    capabilities: vec!["text".into(), "cancel".into(), "status".into(), "load".into(), "subscribe".into()],
+                    capabilities: vec!["text".into(), "audio".into(), "cancel".into(), "status".into(), "load".into(), "subscribe".into()],
                     limits: Limits {
                         max_frame,
                         queue_per_model: sup.config.daemon.queue_per_model,

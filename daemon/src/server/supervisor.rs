@@ -296,6 +296,43 @@ impl Supervisor {
         Ok(stack)
     }
 
+    /// Status rows of the speech models (`stt`, `vad`, `tts`): where they run and why.
+    fn speech_status(&self, ledger: &kazeia_memory_budget::Ledger) -> Vec<ModelStatus> {
+        let loaded = self.speech.lock().expect("speech").clone();
+        let entry = ledger.get("speech");
+        let sp = &self.config.speech;
+        let row = |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
+            role: role.into(),
+            state: if loaded.is_some() { ModelState::Loaded } else { ModelState::Unloaded },
+            file,
+            architecture: Some("onnx".into()),
+            file_bytes: None,
+            device,
+            placement: placement.or_else(|| Some("loaded by the first audio turn".into())),
+            shares_model_with: vec![],
+            busy: 0,
+            reserved_bytes: if first { entry.map(|e| e.reserved) } else { None },
+            measured_bytes: if first { entry.and_then(|e| e.measured) } else { None },
+            progress: None,
+            error: None,
+        };
+        let (stt_dev, stt_why, vad_dev) = match &loaded {
+            Some(s) => {
+                let t = s.stt.lock().expect("stt");
+                (Some(t.whisper.placement.device.clone()), Some(t.whisper.placement.reason.clone()), Some(t.vad.placement.device.clone()))
+            }
+            None => (None, None, None),
+        };
+        let mut rows = vec![
+            row("stt", self.config.cache_path(&sp.stt).display().to_string(), stt_dev, stt_why.clone(), true),
+            row("vad", self.config.cache_path(&sp.vad).display().to_string(), vad_dev, stt_why, false),
+        ];
+        for (lang, v) in &sp.voices {
+            rows.push(row(&format!("tts-{lang}"), v.clone(), None, Some(if v.starts_with("espeak:") { "espeak-ng (CPU), loaded on first use".into() } else { "ONNX, loaded on first use".into() }), false));
+        }
+        rows
+    }
+
     pub fn cancel_all(&self) {
         for t in self.turns.lock().expect("turns lock").values() {
             t.cancel.cancel();
@@ -329,7 +366,9 @@ impl Supervisor {
                     error: st.error,
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let mut models = models;
+        models.extend(self.speech_status(&ledger));
         StatusReport {
             server: format!("kazeia {}", env!("CARGO_PKG_VERSION")),
             protocol: PROTOCOL_VERSION,
@@ -337,7 +376,7 @@ impl Supervisor {
             uptime_s: self.started.elapsed().as_secs_f64(),
             connections: self.connections.load(Ordering::Relaxed),
             turns_running: self.turns_running(),
-            pipelines: self.registry.names().map(str::to_string).collect(),
+            pipelines: self.registry.names().map(str::to_string).chain(["transcribe".to_string(), "voice".to_string()]).collect(),
             budget_bytes: ledger.budget,
             pressure: format!("{:?}", self.pressure()).to_lowercase(),
             reserved_bytes: ledger.used(),

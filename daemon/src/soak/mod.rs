@@ -61,7 +61,8 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     let status = probe.status().await.map_err(|e| anyhow!("status: {e}"))?;
     let pid = status.pid;
     let budget = status.budget_bytes;
-    let roles: Vec<String> = status.models.iter().map(|m| m.role.clone()).collect();
+    // Language-model roles only: the speech models load with audio turns, not by request.
+    let roles: Vec<String> = status.models.iter().filter(|m| m.architecture.as_deref() != Some("onnx")).map(|m| m.role.clone()).collect();
     drop(probe);
     tracing::info!(pid, budget, ?roles, "soaking the daemon: {} turns, {} clients", args.turns, args.clients);
 
