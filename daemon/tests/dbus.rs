@@ -79,16 +79,7 @@ fn monitor(bus: &Bus) -> (Reaped, Arc<Mutex<String>>) {
         .stderr(Stdio::null())
         .spawn()
         .expect("gdbus (Debian package libglib2.0-bin)");
-    let out = Arc::new(Mutex::new(String::new()));
-    let sink = out.clone();
-    let pipe = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut s = sink.lock().unwrap();
-            s.push_str(&line);
-            s.push('\n');
-        }
-    });
+    let out = common::collect_lines(child.stdout.take().unwrap());
     (Reaped(child), out)
 }
 

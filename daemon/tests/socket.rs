@@ -367,19 +367,23 @@ fn systemd_socket_activation() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
+    let child = cmd.spawn().unwrap();
     drop(listener);
-    let mut s = UnixStream::connect(&path).unwrap();
+    serves_then_stops(child, &path);
+}
+
+/// A daemon serving on a socket it was handed: it answers, exits 0 on SIGTERM, and leaves the
+/// socket to its owner (systemd, init).
+fn serves_then_stops(mut child: std::process::Child, path: &std::path::Path) {
+    let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     write_frame(&mut s, 1, br#"{"type":"hello","protocol":1}"#);
     assert_eq!(read_json(&mut s)["type"], "welcome");
     write_frame(&mut s, 1, br#"{"type":"status","id":"1"}"#);
     assert_eq!(read_json(&mut s)["type"], "status");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
-    // The socket belongs to systemd: the daemon leaves it in place.
-    assert!(path.exists());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(path.exists(), "the socket belongs to the supervisor that made it");
 }
 
 /// Android's init creates the `socket` of the service's .rc (dist/android/kazeia.rc) and passes
@@ -399,15 +403,9 @@ fn android_init_socket() {
     unsafe {
         cmd.pre_exec(move || if libc::dup2(fd, 9) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
     }
-    let mut child = cmd.spawn().unwrap();
+    let child = cmd.spawn().unwrap();
     drop(listener);
-    let mut s = UnixStream::connect(&path).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write_frame(&mut s, 1, br#"{"type":"hello","protocol":1}"#);
-    assert_eq!(read_json(&mut s)["type"], "welcome");
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert_eq!(child.wait().unwrap().code(), Some(0));
-    assert!(path.exists(), "the socket belongs to init");
+    serves_then_stops(child, &path);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -217,3 +217,27 @@ fn a_corrupt_onnx_file_is_a_clear_error_and_text_keeps_working() {
         assert!(text.contains("Paris"), "{text:?}");
     });
 }
+
+#[test]
+fn log_mel_matches_the_reference_extractor() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let clip = speak(voice_for(&c, "en").unwrap().as_mut(), ENGLISH[2]);
+    let dir = tempfile::tempdir().unwrap();
+    let (wav, ours) = (dir.path().join("c.wav"), dir.path().join("mel.f32"));
+    audio::write_wav(&wav, &clip, 16_000).unwrap();
+    let mel = kazeia_daemon::speech::mel::Mel::new().compute(&audio::read_wav(&wav).unwrap());
+    std::fs::write(&ours, mel.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    // faster-whisper's extractor, then its pad_or_trim of all but the last frame.
+    let py = "import sys, numpy as np\n\
+from faster_whisper.feature_extractor import FeatureExtractor\n\
+from faster_whisper.audio import decode_audio, pad_or_trim\n\
+f = FeatureExtractor(feature_size=80)(decode_audio(sys.argv[1]))\n\
+ref = pad_or_trim(f[:, : f.shape[-1] - 1])\n\
+ours = np.fromfile(sys.argv[2], dtype=np.float32).reshape(80, 3000)\n\
+print(float(np.abs(ref - ours).max()))";
+    let out = Command::new("python3").args(["-c", py]).arg(&wav).arg(&ours).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let diff: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(diff < 1e-3, "largest difference {diff}");
+}

@@ -165,15 +165,3 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-mod dump {
-    #[test]
-    #[ignore]
-    fn dump_mel() {
-        let a = crate::speech::audio::read_wav(std::path::Path::new("/tmp/en1_16k.wav")).unwrap();
-        let m = super::Mel::new().compute(&a);
-        // Compare with: FeatureExtractor(feature_size=80)(a) then pad_or_trim (faster-whisper).
-        let b: Vec<u8> = m.iter().flat_map(|v| v.to_le_bytes()).collect();
-        std::fs::write("/tmp/mel_rust.bin", b).unwrap();
-    }
-}

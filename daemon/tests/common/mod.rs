@@ -101,9 +101,14 @@ pub fn spawn(cfg: &Path, socket: &Path) -> (Child, Arc<Mutex<String>>) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn kazeia serve");
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let sink = stderr.clone();
-    let pipe = child.stderr.take().unwrap();
+    let stderr = collect_lines(child.stderr.take().unwrap());
+    (child, stderr)
+}
+
+/// Everything a child writes to `pipe`, line by line, as it comes.
+pub fn collect_lines(pipe: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+    let out = Arc::new(Mutex::new(String::new()));
+    let sink = out.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(pipe).lines().map_while(Result::ok) {
             let mut s = sink.lock().unwrap();
@@ -111,7 +116,7 @@ pub fn spawn(cfg: &Path, socket: &Path) -> (Child, Arc<Mutex<String>>) {
             s.push('\n');
         }
     });
-    (child, stderr)
+    out
 }
 
 impl Daemon {
