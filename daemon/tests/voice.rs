@@ -101,6 +101,27 @@ async fn transcribe_and_voice_over_the_socket() {
     let said = stt.transcribe(&reply, Some("en"), &|| false).unwrap().text;
     assert!(said.contains("Paris"), "reply audio says {said:?} for tokens {tokens:?}");
     assert!(c.status().await.unwrap().models.iter().all(|m| m.state != kazeia_ipc::ModelState::Failed));
+
+    // speak: text in, audio frames out, and the audio says the text.
+    let id = c.new_id();
+    let req = Request::Turn { id: id.clone(), pipeline: "speak".into(), text: Some("The train to the city leaves in ten minutes.".into()), audio: None, session: None, options: TurnOptions::default() };
+    let mut rx = c.send(req).await.unwrap();
+    let (mut pcm, mut rate, mut last) = (Vec::new(), 0, false);
+    loop {
+        match rx.recv().await.expect("open") {
+            Incoming::Audio(a) => {
+                rate = a.sample_rate;
+                pcm.extend(audio::from_s16le(&a.pcm));
+                last = a.last;
+            }
+            Incoming::Event(Event::Done { stop, .. }) => break assert_eq!(stop, StopReason::Eos),
+            Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+            Incoming::Event(_) => {}
+        }
+    }
+    assert!(last);
+    let said = stt.transcribe(&audio::resample(&pcm, rate, 16_000), Some("en"), &|| false).unwrap().text;
+    assert!(said.contains("train to the city"), "{said:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -266,6 +266,23 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
             if sup.pressure() == kazeia_memory_budget::pressure::Level::Critical {
                 return out.error(Some(id), ErrorCode::MemoryPressure, "critical memory pressure: new turns are refused until it eases");
             }
+            if pipeline == "speak" {
+                let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
+                    return out.error(Some(id), ErrorCode::BadRequest, "speak takes `text`");
+                };
+                let cancel = conn_cancel.child_token();
+                if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
+                    return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+                }
+                out.send(&Event::Accepted { id: id.clone(), pipeline: pipeline.clone() });
+                let sender = out.clone();
+                let send: Arc<dyn Fn(Frame) + Send + Sync> = Arc::new(move |f| sender.send_frame(f));
+                let done = {
+                    let (sup, id) = (sup.clone(), id.clone());
+                    Box::new(move || sup.remove_turn(conn, &id))
+                };
+                return super::voice::speak(sup.clone(), id, text, None, cancel, send, done);
+            }
             if AUDIO_PIPELINES.contains(&pipeline.as_str()) {
                 let Some(spec) = audio_spec else {
                     return out.error(Some(id), ErrorCode::BadRequest, format!("pipeline {pipeline:?} takes audio: give `audio` {{sample_rate, channels}} and send audio frames"));

@@ -309,3 +309,42 @@ async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcrip
         ev(e);
     }
 }
+
+/// `speak` over the socket: text in, the voice's audio frames out (sentence by sentence, the
+/// last frame flagged), then `done`. Stopped between frames by a cancel.
+pub fn speak(sup: Arc<Supervisor>, id: String, text: String, language: Option<String>, cancel: CancellationToken, send: Arc<dyn Fn(Frame) + Send + Sync>, done: Box<dyn FnOnce() + Send>) {
+    std::thread::spawn(move || {
+        let ev = |e: Event| send(Frame::event(&e));
+        let language = language.unwrap_or_else(|| {
+            let l = kazeia_pipelines::guard::detect_language(&text);
+            if sup.config.speech.voices.contains_key(l) { l.to_string() } else { sup.config.speech.default_language.clone() }
+        });
+        let result = (|| -> Result<bool, SpeechError> {
+            let stack = sup.speech()?;
+            let mut rest = text.as_str();
+            let mut rate = 22_050;
+            while !rest.trim().is_empty() {
+                let n = kazeia_pipelines::split::first_sentence(rest).unwrap_or(rest.len());
+                let (samples, r) = stack.say(&sup, &language, rest[..n].trim())?;
+                rate = r;
+                rest = &rest[n..];
+                for chunk in samples.chunks(r as usize / 10) {
+                    if cancel.is_cancelled() {
+                        return Ok(false);
+                    }
+                    send(Frame::Audio(AudioFrame { id: id.clone(), sample_rate: r, channels: 1, last: false, pcm: Bytes::from(audio::to_s16le(chunk)) }));
+                }
+            }
+            send(Frame::Audio(AudioFrame { id: id.clone(), sample_rate: rate, channels: 1, last: true, pcm: Bytes::new() }));
+            Ok(true)
+        })();
+        match result {
+            Ok(finished) => {
+                let stop = if finished { StopReason::Eos } else { StopReason::Cancelled };
+                ev(Event::Done { id: Some(id.clone()), stop, metrics: Default::default() });
+            }
+            Err(e) => ev(Event::Error { id: Some(id.clone()), code: ErrorCode::Engine, message: e.to_string() }),
+        }
+        done();
+    });
+}
