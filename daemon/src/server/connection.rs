@@ -205,6 +205,20 @@ fn on_audio(out: &Outbox, audio: &AudioTurns, a: kazeia_ipc::AudioFrame) {
     }
 }
 
+/// Register a speech turn (duplicate ids refused) and accept it: its cancel token and a sender
+/// of frames to this connection.
+#[allow(clippy::type_complexity)]
+fn begin_speech_turn(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, conn: u64, uid: u32, id: &str, pipeline: &str) -> Option<(CancellationToken, Arc<dyn Fn(Frame) + Send + Sync>)> {
+    let cancel = conn_cancel.child_token();
+    if !sup.add_turn(conn, id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
+        out.error(Some(id.to_string()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+        return None;
+    }
+    out.send(&Event::Accepted { id: id.to_string(), pipeline: pipeline.to_string() });
+    let sender = out.clone();
+    Some((cancel, Arc::new(move |f| sender.send_frame(f))))
+}
+
 /// The audio pipelines, served by server/voice.rs rather than by pipeline files.
 const AUDIO_PIPELINES: &[&str] = &["transcribe", "voice"];
 
@@ -270,13 +284,7 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
                     return out.error(Some(id), ErrorCode::BadRequest, "speak takes `text`");
                 };
-                let cancel = conn_cancel.child_token();
-                if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
-                    return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
-                }
-                out.send(&Event::Accepted { id: id.clone(), pipeline: pipeline.clone() });
-                let sender = out.clone();
-                let send: Arc<dyn Fn(Frame) + Send + Sync> = Arc::new(move |f| sender.send_frame(f));
+                let Some((cancel, send)) = begin_speech_turn(sup, out, conn_cancel, conn, uid, &id, &pipeline) else { return };
                 let done = {
                     let (sup, id) = (sup.clone(), id.clone());
                     Box::new(move || sup.remove_turn(conn, &id))
@@ -290,13 +298,7 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 if spec.sample_rate < 8_000 || spec.channels == 0 {
                     return out.error(Some(id), ErrorCode::BadRequest, "audio: sample_rate >= 8000 and channels >= 1");
                 }
-                let cancel = conn_cancel.child_token();
-                if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
-                    return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
-                }
-                out.send(&Event::Accepted { id: id.clone(), pipeline: pipeline.clone() });
-                let sender = out.clone();
-                let send: Arc<dyn Fn(Frame) + Send + Sync> = Arc::new(move |f| sender.send_frame(f));
+                let Some((cancel, send)) = begin_speech_turn(sup, out, conn_cancel, conn, uid, &id, &pipeline) else { return };
                 let done = {
                     let (sup, audio, id) = (sup.clone(), audio.clone(), id.clone());
                     Box::new(move || {
