@@ -427,33 +427,19 @@ async fn run(args: RunArgs) -> i32 {
             printer.error(ErrorCode::BadRequest, "voice takes --audio IN.wav --out REPLY.wav".into());
             return 2;
         };
-        let language = args.language.clone().unwrap_or_else(|| config.speech.language.clone());
-        let heard = {
-            let config = config.clone();
-            tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
-                let samples = crate::speech::audio::read_wav(&audio_path)?;
-                let mut t = crate::speech::Transcriber::load(&config)?;
-                t.transcribe(&samples, (language != "auto").then_some(language.as_str()), &|| false)
-            })
-            .await
-        };
-        let t = match heard {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => {
-                printer.error(speech_code(&e), e.to_string());
-                return 1;
-            }
-            Err(e) => {
-                printer.error(ErrorCode::Engine, e.to_string());
+        let t = match hear(&config, audio_path, args.language.clone()).await {
+            Ok((t, _)) => t,
+            Err((code, message)) => {
+                printer.error(code, message);
                 return 1;
             }
         };
         printer.event(&Event::Transcript { id: None, text: t.text.clone(), language: Some(t.language.clone()) });
-        let lang = if config.speech.voices.contains_key(&t.language) { t.language.clone() } else { config.speech.default_language.clone() };
+        let lang = config.speech.reply_language(&t.language);
         let voice = match crate::speech::voice_for(&config, &lang) {
             Ok(v) => v,
             Err(e) => {
-                printer.error(speech_code(&e), e.to_string());
+                printer.error(e.code(), e.to_string());
                 return 1;
             }
         };
@@ -525,7 +511,7 @@ async fn run(args: RunArgs) -> i32 {
                 }
             }
             Err(e) => {
-                printer.error(speech_code(&e), e.to_string());
+                printer.error(e.code(), e.to_string());
                 code = 1;
             }
         }
@@ -536,14 +522,6 @@ async fn run(args: RunArgs) -> i32 {
 }
 
 /// Load one role of the config, with a progress bar on an interactive stderr.
-fn speech_code(e: &crate::speech::SpeechError) -> ErrorCode {
-    use crate::speech::SpeechError as S;
-    match e {
-        S::Missing(_) | S::BadModel { .. } | S::NoRuntime(_) | S::NoQnn { .. } => ErrorCode::ModelFile,
-        S::Audio(_) => ErrorCode::BadRequest,
-        _ => ErrorCode::Engine,
-    }
-}
 
 /// Speaks sentences on its own thread as they arrive, so that synthesis of sentence n overlaps
 /// generation of sentence n+1; the first audio exists as soon as the first sentence does.
@@ -587,19 +565,13 @@ async fn speak(args: RunArgs, config: Config, printer: Printer) -> i32 {
         printer.error(ErrorCode::BadRequest, "speak takes --text \"…\" --out FILE.wav".into());
         return 2;
     };
-    let language = args.language.clone().unwrap_or_else(|| {
-        let l = kazeia_pipelines::guard::detect_language(&text);
-        if config.speech.voices.contains_key(l) { l.to_string() } else { config.speech.default_language.clone() }
-    });
+    let language = args.language.clone().unwrap_or_else(|| config.speech.reply_language(kazeia_pipelines::guard::detect_language(&text)));
     let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
         let voice = crate::speech::voice_for(&config, &language)?;
         let name = voice.name();
         let speaker = SpeakerThread::start(voice);
-        let mut rest = text.as_str();
-        while !rest.trim().is_empty() {
-            let n = kazeia_pipelines::split::first_sentence(rest).unwrap_or(rest.len());
-            speaker.say(rest[..n].trim().to_string());
-            rest = &rest[n..];
+        for sentence in kazeia_pipelines::split::sentences(&text) {
+            speaker.say(sentence.to_string());
         }
         let (samples, rate, first) = speaker.finish()?;
         crate::speech::audio::write_wav(&out, &samples, rate)?;
@@ -614,7 +586,7 @@ async fn speak(args: RunArgs, config: Config, printer: Printer) -> i32 {
             0
         }
         Ok(Err(e)) => {
-            printer.error(speech_code(&e), e.to_string());
+            printer.error(e.code(), e.to_string());
             1
         }
         Err(e) => {
@@ -624,27 +596,37 @@ async fn speak(args: RunArgs, config: Config, printer: Printer) -> i32 {
     }
 }
 
+/// Transcribe a WAV file in this process (VAD + Whisper): the transcript and the real-time
+/// factor. `language`: the flag, else `[speech] language` (`auto` detects).
+async fn hear(config: &Config, path: PathBuf, language: Option<String>) -> Result<(crate::speech::Transcript, f64), (ErrorCode, String)> {
+    let language = language.unwrap_or_else(|| config.speech.language.clone());
+    let language = (language != "auto").then_some(language);
+    let config = config.clone();
+    let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
+        let samples = crate::speech::audio::read_wav(&path)?;
+        let mut t = crate::speech::Transcriber::load(&config)?;
+        tracing::info!(device = %t.whisper.placement.device, reason = %t.whisper.placement.reason, "whisper placement");
+        let start = std::time::Instant::now();
+        let out = t.transcribe(&samples, language.as_deref(), &|| false)?;
+        Ok((out, start.elapsed().as_secs_f64() / (samples.len() as f64 / 16_000.0)))
+    })
+    .await;
+    match result {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err((e.code(), e.to_string())),
+        Err(e) => Err((ErrorCode::Engine, e.to_string())),
+    }
+}
+
 /// `kazeia run transcribe --audio in.wav [--language fr]`: VAD + Whisper in this process.
 async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
-    use crate::speech::{audio, Transcriber};
     let Some(path) = args.audio.clone() else {
         printer.error(ErrorCode::BadRequest, "transcribe takes --audio FILE.wav".into());
         return 2;
     };
-    let language = args.language.clone().unwrap_or_else(|| config.speech.language.clone());
-    let language = (language != "auto").then_some(language);
-    let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
-        let samples = audio::read_wav(&path)?;
-        let mut t = Transcriber::load(&config)?;
-        tracing::info!(device = %t.whisper.placement.device, reason = %t.whisper.placement.reason, "whisper placement");
-        let start = std::time::Instant::now();
-        let out = t.transcribe(&samples, language.as_deref(), &|| false)?;
-        let rtf = start.elapsed().as_secs_f64() / (samples.len() as f64 / 16_000.0);
-        Ok((out, rtf))
-    })
-    .await;
+    let result = hear(&config, path, args.language.clone()).await;
     match result {
-        Ok(Ok((t, rtf))) => {
+        Ok((t, rtf)) => {
             if printer.json {
                 printer.event(&Event::Transcript { id: None, text: t.text, language: Some(t.language) });
             } else {
@@ -653,12 +635,8 @@ async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
             }
             0
         }
-        Ok(Err(e)) => {
-            printer.error(speech_code(&e), e.to_string());
-            1
-        }
-        Err(e) => {
-            printer.error(ErrorCode::Engine, e.to_string());
+        Err((code, message)) => {
+            printer.error(code, message);
             1
         }
     }

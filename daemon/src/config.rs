@@ -259,6 +259,17 @@ impl Default for SpeechConfig {
     }
 }
 
+impl SpeechConfig {
+    /// The language to answer in: `heard` when a voice speaks it, else `default_language`.
+    pub fn reply_language(&self, heard: &str) -> String {
+        if self.voices.contains_key(heard) {
+            heard.to_string()
+        } else {
+            self.default_language.clone()
+        }
+    }
+}
+
 /// `[dbus]`: publish `org.kazeia.Engine1` (opt-in; the socket stays the main interface).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

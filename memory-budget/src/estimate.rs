@@ -209,14 +209,15 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
             e * p.kv_elem_bytes * cells
         })
         .sum();
+    let compute_bytes = compute_touched(&shape, p);
     Ok(Estimate {
         weights_bytes,
         repack_bytes,
         kv_bytes,
         recurrent_bytes: shape.recurrent_bytes_per_seq * p.n_seq,
-        compute_bytes: compute_touched(&shape, p),
+        compute_bytes,
         overhead_bytes: FIXED_OVERHEAD + PER_VOCAB_ENTRY * shape.n_vocab,
-        compute_reserved_bytes: compute_touched(&shape, p) + p.n_ubatch * shape.n_vocab * 4,
+        compute_reserved_bytes: compute_bytes + p.n_ubatch * shape.n_vocab * 4,
     })
 }
 

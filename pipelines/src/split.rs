@@ -24,9 +24,32 @@ pub fn first_sentence(text: &str) -> Option<usize> {
     None
 }
 
+/// The sentences of a complete text (the last one may lack its end mark), trimmed, none empty.
+pub fn sentences(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || loop {
+        if rest.trim().is_empty() {
+            return None;
+        }
+        let n = first_sentence(rest).unwrap_or(rest.len());
+        let s = rest[..n].trim();
+        rest = &rest[n..];
+        if !s.is_empty() {
+            return Some(s);
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sentences_of_a_whole_text() {
+        let v: Vec<&str> = sentences("Hello there, friend! How are you today? Fine").collect();
+        assert_eq!(v, ["Hello there, friend!", "How are you today?", "Fine"]);
+        assert_eq!(sentences("  ").count(), 0);
+    }
 
     #[test]
     fn splits_on_sentence_ends() {

@@ -278,8 +278,8 @@ impl Supervisor {
         if let Some(s) = &*slot {
             return Ok(s.clone());
         }
-        let plan = crate::plan::plan(&self.config).map_err(crate::speech::SpeechError::Run)?;
-        let need: u64 = plan.models.iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
+        // The STT row of the plan (file sizes only: no GGUF header is read here).
+        let need: u64 = crate::plan::speech_plans(&self.config).iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
         let refused = self.ledger.lock().expect("ledger").admit("speech", need, 95, |_| true);
         match refused {
             Ok(v) if v.is_empty() => {}

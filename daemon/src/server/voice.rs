@@ -139,8 +139,7 @@ fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>,
     let stack = match sup.speech() {
         Ok(s) => s,
         Err(e) => {
-            let code = if matches!(e, SpeechError::Missing(_) | SpeechError::BadModel { .. } | SpeechError::NoRuntime(_)) { ErrorCode::ModelFile } else { ErrorCode::Engine };
-            let _ = heard.send(Heard::Failed(code, e.to_string()));
+            let _ = heard.send(Heard::Failed(e.code(), e.to_string()));
             return;
         }
     };
@@ -154,8 +153,8 @@ fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>,
     };
     let mut utterance: Vec<f32> = Vec::new();
     let mut chunk = vec![0f32; vad::CHUNK];
-    let mut start: Option<usize> = None;
-    let mut seen = 0usize;
+    // Speech has begun: `utterance` grows; before it, `recent` keeps the last chunk + pad.
+    let mut speaking = false;
     let pad = 1_600; // 100 ms kept before the VAD's onset
     let mut recent: Vec<f32> = Vec::new();
     // 1. The utterance.
@@ -166,8 +165,7 @@ fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>,
         }
         if ring.occupied_len() >= vad::CHUNK {
             ring.pop_slice(&mut chunk);
-            seen += vad::CHUNK;
-            if start.is_some() {
+            if speaking {
                 utterance.extend_from_slice(&chunk);
             } else {
                 recent.extend_from_slice(&chunk);
@@ -175,8 +173,8 @@ fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>,
                 recent.drain(..keep);
             }
             match vad.push(&chunk) {
-                Ok(Some(VadEvent::SpeechStart(_))) if start.is_none() => {
-                    start = Some(seen);
+                Ok(Some(VadEvent::SpeechStart(_))) if !speaking => {
+                    speaking = true;
                     utterance = std::mem::take(&mut recent);
                 }
                 Ok(Some(VadEvent::SpeechEnd(_))) => break true,
@@ -190,12 +188,10 @@ fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>,
             // The client said `last`: what is left is the utterance.
             let mut rest = vec![0f32; ring.occupied_len()];
             ring.pop_slice(&mut rest);
-            if start.is_some() {
-                utterance.extend(rest);
-            } else {
-                utterance = recent;
-                utterance.extend(rest);
+            if !speaking {
+                utterance = std::mem::take(&mut recent);
             }
+            utterance.extend(rest);
             break false;
         } else {
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -254,7 +250,7 @@ async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcrip
             return ev(Event::Error { id: Some(id), code: e.code, message: e.message });
         }
     }
-    let language = if sup.config.speech.voices.contains_key(&heard.language) { heard.language.clone() } else { sup.config.speech.default_language.clone() };
+    let language = sup.config.speech.reply_language(&heard.language);
     // Speaker thread: sentences in, audio frames out, stopped by the cancel between sentences
     // and between the frames of a sentence.
     let (say_tx, say_rx) = std::sync::mpsc::channel::<String>();
@@ -315,19 +311,13 @@ async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcrip
 pub fn speak(sup: Arc<Supervisor>, id: String, text: String, language: Option<String>, cancel: CancellationToken, send: Arc<dyn Fn(Frame) + Send + Sync>, done: Box<dyn FnOnce() + Send>) {
     std::thread::spawn(move || {
         let ev = |e: Event| send(Frame::event(&e));
-        let language = language.unwrap_or_else(|| {
-            let l = kazeia_pipelines::guard::detect_language(&text);
-            if sup.config.speech.voices.contains_key(l) { l.to_string() } else { sup.config.speech.default_language.clone() }
-        });
+        let language = language.unwrap_or_else(|| sup.config.speech.reply_language(kazeia_pipelines::guard::detect_language(&text)));
         let result = (|| -> Result<bool, SpeechError> {
             let stack = sup.speech()?;
-            let mut rest = text.as_str();
             let mut rate = 22_050;
-            while !rest.trim().is_empty() {
-                let n = kazeia_pipelines::split::first_sentence(rest).unwrap_or(rest.len());
-                let (samples, r) = stack.say(&sup, &language, rest[..n].trim())?;
+            for sentence in kazeia_pipelines::split::sentences(&text) {
+                let (samples, r) = stack.say(&sup, &language, sentence)?;
                 rate = r;
-                rest = &rest[n..];
                 for chunk in samples.chunks(r as usize / 10) {
                     if cancel.is_cancelled() {
                         return Ok(false);
@@ -343,7 +333,7 @@ pub fn speak(sup: Arc<Supervisor>, id: String, text: String, language: Option<St
                 let stop = if finished { StopReason::Eos } else { StopReason::Cancelled };
                 ev(Event::Done { id: Some(id.clone()), stop, metrics: Default::default() });
             }
-            Err(e) => ev(Event::Error { id: Some(id.clone()), code: ErrorCode::Engine, message: e.to_string() }),
+            Err(e) => ev(Event::Error { id: Some(id.clone()), code: e.code(), message: e.to_string() }),
         }
         done();
     });

@@ -31,6 +31,18 @@ pub enum SpeechError {
     Audio(String),
 }
 
+impl SpeechError {
+    /// The protocol's code for this failure.
+    pub fn code(&self) -> kazeia_ipc::ErrorCode {
+        use kazeia_ipc::ErrorCode;
+        match self {
+            SpeechError::Missing(_) | SpeechError::BadModel { .. } | SpeechError::NoRuntime(_) | SpeechError::NoQnn { .. } => ErrorCode::ModelFile,
+            SpeechError::Audio(_) => ErrorCode::BadRequest,
+            _ => ErrorCode::Engine,
+        }
+    }
+}
+
 impl From<ort::Error> for SpeechError {
     fn from(e: ort::Error) -> Self {
         SpeechError::Run(e.to_string())
