@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 tools/setup
 source tools/env.sh
-cargo test --release --locked --workspace
+# The tools' own smoke modes: none breaks unseen.
+tools/stress-tests --smoke >/dev/null
+# Every test binary runs even when one fails: a red run names all its failures at once.
+cargo test --release --locked --workspace --no-fail-fast

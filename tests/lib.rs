@@ -20,6 +20,10 @@ fn model_file(rel: &str) -> PathBuf {
     p
 }
 
+/// How long a test waits for something that should happen before it calls it a hang. Not a
+/// speed check: only far above what a loaded 2-core machine ever needs.
+pub const HANG: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A config from TOML text (model files given as absolute paths).
 pub fn config(text: &str) -> Config {
     Config::parse(Path::new("test-models.toml"), text).unwrap_or_else(|e| panic!("{e}"))
@@ -90,45 +94,4 @@ pub fn qwen35_tiny() -> PathBuf {
     p
 }
 
-/// Word error rate of `hyp` against `reference`: word-level edit distance over the reference's
-/// length, after lower-casing and dropping punctuation (apostrophes and accents kept).
-pub fn wer(reference: &str, hyp: &str) -> f64 {
-    let (e, n) = word_errors(reference, hyp);
-    e as f64 / n.max(1) as f64
-}
-
-/// (edits, reference words): sum these over clips for a corpus WER.
-pub fn word_errors(reference: &str, hyp: &str) -> (usize, usize) {
-    let words = |s: &str| -> Vec<String> {
-        s.to_lowercase()
-            .chars()
-            .map(|c| if c.is_alphanumeric() || c == '\'' || c == '’' { c } else { ' ' })
-            .collect::<String>()
-            .replace('’', "'")
-            .split_whitespace()
-            .map(str::to_string)
-            .collect()
-    };
-    let (r, h) = (words(reference), words(hyp));
-    let mut d: Vec<usize> = (0..=h.len()).collect();
-    for i in 1..=r.len() {
-        let mut prev = d[0];
-        d[0] = i;
-        for j in 1..=h.len() {
-            let cur = d[j];
-            d[j] = (d[j] + 1).min(d[j - 1] + 1).min(prev + usize::from(r[i - 1] != h[j - 1]));
-            prev = cur;
-        }
-    }
-    (d[h.len()], r.len())
-}
-
-#[cfg(test)]
-mod wer_tests {
-    #[test]
-    fn wer_counts_word_edits() {
-        assert_eq!(super::wer("The cat sat.", "the cat sat"), 0.0);
-        assert_eq!(super::word_errors("a b c d", "a x c"), (2, 4));
-        assert_eq!(super::wer("Il fait très beau", "il fait tres beau"), 0.25);
-    }
-}
+pub use kazeia_daemon::speech::wer::{wer, word_errors};

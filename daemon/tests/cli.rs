@@ -69,7 +69,10 @@ fn run_transcribe_json_gives_a_transcript_event() {
     assert_eq!(code, 0, "{err}");
     let ev: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
     assert_eq!(ev["type"], "transcript");
-    assert_eq!(ev["text"], "Please send me the report before Friday afternoon.");
+    // Piper samples noise: each rendering is heard a little differently (once "the 4th Friday"
+    // for "before Friday", two edits). At most two words in eight may differ.
+    let heard = ev["text"].as_str().unwrap();
+    assert!(kazeia_daemon::speech::wer::wer("Please send me the report before Friday afternoon.", heard) <= 0.25, "{heard:?}");
     assert_eq!(ev["language"], "en");
     // A missing audio file is a clear error event.
     let (code, out, _) = kazeia(&["run", "transcribe", "--audio", "/nonexistent.wav", "--json"]);

@@ -1,5 +1,5 @@
 //! `org.kazeia.Engine1` on a real bus: the test starts its own `dbus-daemon` (Debian `dbus`),
-//! points the daemon at it, and reads everything back with `busctl` and `gdbus` — other
+//! points the daemon at it, and reads everything back with `busctl`, `gdbus` and `dbus-monitor` — other
 //! programs, as a desktop shell would.
 
 mod common;
@@ -7,7 +7,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+
 
 use common::{smollm2, Daemon};
 use kazeia_ipc::{Event, Incoming, Request, StopReason, TurnOptions};
@@ -71,24 +71,31 @@ impl Drop for Reaped {
     }
 }
 
-/// `gdbus monitor` in the background, its output collected.
+/// `dbus-monitor` on the daemon's object, its output collected, once it is listening. It
+/// becomes a monitor with one blocking call, and the bus then tells it it lost its own name:
+/// that line is the signal that every later signal will be seen. (`gdbus monitor` subscribes
+/// asynchronously and says nothing when it has, so a signal right after its start may be lost.)
 fn monitor(bus: &Bus) -> (Reaped, Arc<Mutex<String>>) {
-    let mut child = Command::new("gdbus")
-        .args(["monitor", "--address", &bus.address, "--dest", DEST, "--object-path", PATH])
+    let mut child = Command::new("dbus-monitor")
+        .args(["--address", &bus.address, &format!("type='signal',path='{PATH}'")])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("gdbus (Debian package libglib2.0-bin)");
+        .expect("dbus-monitor (Debian package dbus-bin)");
     let out = common::collect_lines(child.stdout.take().unwrap());
-    (Reaped(child), out)
+    let reaped = Reaped(child);
+    wait_for("dbus-monitor to become a monitor", || out.lock().unwrap().contains("member=NameLost"));
+    (reaped, out)
 }
 
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Whether `seen` (dbus-monitor's output) holds the signal `member` of our interface with the
+/// string argument `arg`.
+fn signal_seen(seen: &Mutex<String>, member: &str, arg: &str) -> bool {
+    seen.lock().unwrap().contains(&format!("interface={DEST}; member={member}\n   string \"{arg}\""))
+}
+
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(what, f, String::new);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -101,7 +108,7 @@ async fn engine1_on_a_real_session_bus() {
         smollm2().display()
     );
     let d = Daemon::start(&text);
-    wait_for("the name on the bus", Duration::from_secs(10), || {
+    wait_for("the name on the bus", || {
         tool(&bus, "busctl", &["list", "--no-pager"]).contains(DEST)
     });
 
@@ -119,11 +126,10 @@ async fn engine1_on_a_real_session_bus() {
 
     // Signals: load and unload through the socket, watched on the bus.
     let (_monitor, seen) = monitor(&bus);
-    std::thread::sleep(Duration::from_millis(300));
     let c = d.client().await;
     let mut rx = c.send(Request::Load { id: c.new_id(), role: "thinker".into() }).await.unwrap();
     while !matches!(rx.recv().await, Some(Incoming::Event(Event::Loaded { .. }))) {}
-    wait_for("ModelLoaded", Duration::from_secs(5), || seen.lock().unwrap().contains("org.kazeia.Engine1.ModelLoaded ('thinker',)"));
+    wait_for("ModelLoaded", || signal_seen(&seen, "ModelLoaded", "thinker"));
     assert_eq!(property(&bus, "LoadedModels"), "as 1 \"thinker\"");
     let reserved: u64 = property(&bus, "MemoryReserved").strip_prefix("t ").unwrap().parse().unwrap();
     assert!(reserved > 50_000_000, "{reserved}");
@@ -149,8 +155,8 @@ async fn engine1_on_a_real_session_bus() {
 
     let mut rx = c.send(Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
     assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Unloaded { .. }))));
-    wait_for("ModelUnloaded", Duration::from_secs(5), || seen.lock().unwrap().contains("org.kazeia.Engine1.ModelUnloaded ('thinker',)"));
-    assert!(seen.lock().unwrap().contains("PropertiesChanged"), "{}", seen.lock().unwrap());
+    wait_for("ModelUnloaded", || signal_seen(&seen, "ModelUnloaded", "thinker"));
+    assert!(seen.lock().unwrap().contains("member=PropertiesChanged"), "{}", seen.lock().unwrap());
     assert_eq!(property(&bus, "LoadedModels"), "as 0");
 }
 
@@ -163,5 +169,5 @@ async fn an_unreachable_bus_is_logged_and_the_socket_still_serves() {
     let d = Daemon::start(&text);
     let c = d.client().await;
     assert!(c.status().await.is_ok());
-    wait_for("the D-Bus error in the log", Duration::from_secs(5), || d.log().contains("D-Bus: cannot publish"));
+    d.wait_log("D-Bus: cannot publish");
 }

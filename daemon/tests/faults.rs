@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
+
 
 use common::{finish, smollm2, Daemon};
 use kazeia_ipc::{Client, ErrorCode, Event, Incoming, Request, TurnOptions};
@@ -116,10 +116,14 @@ async fn load_over_budget_is_refused_with_the_listing_and_the_daemon_serves_on()
 #[tokio::test(flavor = "multi_thread")]
 async fn more_clients_than_the_queue_holds() {
     let d = Daemon::start(&config_on(&smollm2(), "preload = true\nqueue_per_model = 2"));
-    // Eight clients on eight connections, all at once, each a long turn.
+    // Eight clients on eight connections, all at once, each a long turn. Connected first, so
+    // the eight turns arrive within moments of each other, long before any can end.
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(d.client().await);
+    }
     let mut tasks = Vec::new();
-    for i in 0..8 {
-        let c = d.client().await;
+    for (i, c) in (0..).zip(clients) {
         tasks.push(tokio::spawn(async move {
             let opts = TurnOptions { temperature: Some(0.8), seed: Some(i), max_tokens: Some(120) };
             let mut rx = c.turn(&c.new_id(), "chat", "Tell me a story about a lighthouse keeper.", opts).await.unwrap();
@@ -130,7 +134,7 @@ async fn more_clients_than_the_queue_holds() {
     }
     let (mut done, mut busy) = (0, 0);
     for t in tasks {
-        match tokio::time::timeout(Duration::from_secs(180), t).await.expect("every client gets an answer").unwrap() {
+        match tokio::time::timeout(common::HANG, t).await.expect("every client gets an answer").unwrap() {
             Event::Done { .. } => done += 1,
             Event::Error { code: ErrorCode::Busy, .. } => busy += 1,
             other => panic!("{other:?}"),

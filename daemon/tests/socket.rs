@@ -112,26 +112,25 @@ async fn cancel_mid_generation() {
     let id = c.new_id();
     let mut rx = c.turn(&id, "chat", LONG, long_opts()).await.unwrap();
     let mut tokens = 0;
-    let mut cancelled_at = None;
-    let mut after = 0;
     let done = loop {
         match rx.recv().await.unwrap() {
             Incoming::Event(Event::Token { .. }) => {
                 tokens += 1;
-                if cancelled_at.is_some() {
-                    after += 1;
-                } else if tokens == 3 {
+                if tokens == 3 {
                     c.cancel(&id).await.unwrap();
-                    cancelled_at = Some(Instant::now());
                 }
             }
             Incoming::Event(ev @ (Event::Done { .. } | Event::Error { .. })) => break ev,
             _ => {}
         }
     };
-    assert!(matches!(done, Event::Done { stop: StopReason::Cancelled, .. }), "{done:?}");
-    // Tokens already in flight on the socket, plus at most one step: far fewer than 400.
-    assert!(after < 20, "{after} tokens after the cancel");
+    // Cut short, and says so. (How soon after the daemon reads the cancel is checked in the
+    // engine's tests with engine-side timestamps: within one token. Here the tokens already in
+    // flight depend on how fast this client reads on a loaded machine, so they are not counted.)
+    match done {
+        Event::Done { stop: StopReason::Cancelled, metrics, .. } => assert!(metrics.generated_tokens < 400, "{metrics:?}"),
+        other => panic!("{other:?}"),
+    }
     // Cancelling something that is not running is a clear error.
     let mut rx = c.send(kazeia_ipc::Request::Cancel { id: "nope".into() }).await.unwrap();
     match rx.recv().await.unwrap() {
@@ -143,9 +142,10 @@ async fn cancel_mid_generation() {
 #[tokio::test(flavor = "multi_thread")]
 async fn disconnect_mid_generation_frees_the_model() {
     let d = Daemon::start(&config(""));
+    let id;
     {
         let a = d.client().await;
-        let id = a.new_id();
+        id = a.new_id();
         let mut rx = a.turn(&id, "chat", LONG, long_opts()).await.unwrap();
         let mut n = 0;
         while n < 3 {
@@ -155,17 +155,31 @@ async fn disconnect_mid_generation_frees_the_model() {
         }
         // `a` and its connection go away mid-generation.
     }
+    // The daemon notices, cancels the turn and says so: cut short, not run to its 400 tokens.
+    tokio::task::block_in_place(|| d.wait_log(&format!("id={id:?}")));
+    let line = d.log().lines().find(|l| l.contains(&format!("id={id:?}"))).unwrap().to_string();
+    assert!(line.contains("turn ended") && line.contains("stop=\"cancelled\""), "{line}");
+    let generated: u32 = line.split("generated=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap();
+    assert!(generated < 400, "{line}");
+
+    // The next client's turn runs on the freed model.
     let b = d.client().await;
-    let t = Instant::now();
     let mut rx = b.turn(&b.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
     let (text, done) = finish(&mut rx).await;
     assert!(matches!(done, Event::Done { .. }), "{done:?}");
     assert!(text.contains("Paris"));
-    // The abandoned turn had ~400 tokens to go (seconds of work); the new one did not wait for it.
-    assert!(t.elapsed() < Duration::from_millis(2500), "next turn took {:?}", t.elapsed());
-    let st = b.status().await.unwrap();
-    assert_eq!(st.turns_running, 0);
-    assert_eq!(st.connections, 1);
+    let mut st = common::settled(&b).await;
+    // a's connection is gone too (its handler ends after its turn's log line).
+    let t = Instant::now();
+    while st.connections != 1 {
+        assert!(t.elapsed() < common::HANG, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        st = b.status().await.unwrap();
+    }
+    let thinker = st.models.iter().find(|m| m.role == "thinker").unwrap();
+    // Every token the engine made is accounted for: the abandoned turn's and b's.
+    let Event::Done { metrics, .. } = done else { unreachable!() };
+    assert_eq!(thinker.generated_tokens, u64::from(generated + metrics.generated_tokens), "{thinker:?}");
 }
 
 #[test]
@@ -236,33 +250,42 @@ async fn refused_peer() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a refused peer was let in"),
     }
-    assert!(d.log().contains("refused a peer"), "{}", d.log());
+    // Logged before the refusal is sent, but read from the daemon's stderr by another thread.
+    d.wait_log("refused a peer");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn full_queue_answers_busy_at_once() {
     let d = Daemon::start(&config("queue_per_model = 1"));
     let c = d.client().await;
-    // One running + one queued fill the role; the rest must be refused straight away.
+    // One running + one queued fill the role; the rest must be refused straight away. A turn is
+    // counted from its `accepted` on (before it has queued any work), and the connection reads
+    // requests in order: once both are accepted, the third meets a full role.
     let mut rxs = Vec::new();
     for _ in 0..2 {
         let mut rx = c.turn(&c.new_id(), "chat", LONG, long_opts()).await.unwrap();
-        // Wait for `accepted` so the order is known.
         assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
         rxs.push(rx);
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let t = Instant::now();
     let mut rx = c.turn(&c.new_id(), "chat", "hi", TurnOptions::default()).await.unwrap();
     match rx.recv().await.unwrap() {
         Incoming::Event(Event::Error { code, .. }) => assert_eq!(code, ErrorCode::Busy),
         other => panic!("expected busy, got {other:?}"),
     }
-    assert!(t.elapsed() < Duration::from_millis(500));
+    // "At once": before the queued turn has produced anything, so it did not wait for a slot.
+    let queued = &mut rxs[1];
+    while let Ok(item) = queued.try_recv() {
+        assert!(!matches!(item, Incoming::Event(Event::Token { .. } | Event::Done { .. })), "busy came after the queued turn ran: {item:?}");
+    }
+    let st = c.status().await.unwrap();
+    assert_eq!(st.models[0].turns, 2, "{:?}", st.models[0]);
     for mut rx in rxs {
         let (_, done) = finish(&mut rx).await;
         assert!(matches!(done, Event::Done { .. }), "{done:?}");
     }
+    // The leases went with the turns: the role takes turns again.
+    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    assert!(finish(&mut rx).await.0.contains("Paris"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -279,7 +302,7 @@ async fn slow_reader_is_disconnected_and_its_turn_cancelled() {
         if st.connections == 1 && st.turns_running == 0 && d.log().contains("reads too slowly") {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(20), "slow reader still connected: {st:?}\n{}", d.log());
+        assert!(t.elapsed() < common::HANG, "slow reader still connected: {st:?}\n{}", d.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Meanwhile the engine keeps serving others.
@@ -324,8 +347,9 @@ async fn sigterm_during_a_turn() {
     let mut rx = c.turn(&id, "chat", LONG, TurnOptions { max_tokens: Some(2000), ..long_opts() }).await.unwrap();
     while !matches!(rx.recv().await, Some(Incoming::Event(Event::Token { .. }))) {}
     d.signal(libc::SIGTERM);
-    // New work on an open connection is refused while the running turn gets its grace time.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // New work on an open connection is refused while the running turn gets its grace time
+    // (the daemon logs this once it refuses new turns).
+    tokio::task::block_in_place(|| d.wait_log("SIGTERM: shutting down"));
     let mut refused = c.turn(&c.new_id(), "chat", "hi", TurnOptions::default()).await.unwrap();
     match refused.recv().await {
         Some(Incoming::Event(Event::Error { code, .. })) => assert_eq!(code, ErrorCode::ShuttingDown),
@@ -334,9 +358,8 @@ async fn sigterm_during_a_turn() {
     // The long turn cannot finish in the 1 s grace: it is cancelled, and says so.
     let (_, done) = finish(&mut rx).await;
     assert!(matches!(done, Event::Done { stop: StopReason::Cancelled, .. }), "{done:?}");
-    assert!(matches!(done, Event::Done { .. }), "{done:?}");
     let code = tokio::task::block_in_place(|| {
-        let code = d.wait(Duration::from_secs(15));
+        let code = d.wait(common::HANG);
         (code, d.socket.exists(), d.log())
     });
     assert_eq!(code.0, Some(0), "{}", code.2);
@@ -346,7 +369,6 @@ async fn sigterm_during_a_turn() {
 #[test]
 fn systemd_socket_activation() {
     use std::os::unix::io::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let d = Daemon::start(&config(""));
     // A socket bound by "systemd" (us), handed over as fd 3 with LISTEN_PID/LISTEN_FDS.
     let path = d.dir.path().join("activated.sock");
@@ -356,20 +378,27 @@ fn systemd_socket_activation() {
     let mut cmd = std::process::Command::new("sh");
     cmd.args(["-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" serve --config \"$1\"", env!("CARGO_BIN_EXE_kazeia"), cfg.to_str().unwrap()]);
     cmd.stderr(std::process::Stdio::null());
-    // SAFETY: dup2 is async-signal-safe; fd 3 is where systemd puts the first socket.
+    hand_over(&mut cmd, fd, 3);
+    let child = cmd.spawn().unwrap();
+    drop(listener);
+    serves_then_stops(child, &path);
+}
+
+/// In the child, before exec: `fd` becomes `target`, inheritable. When the listener already is
+/// `target` (whatever number the test process happens to be at), dup2 onto itself does nothing
+/// and would leave close-on-exec set: clear the flag instead.
+fn hand_over(cmd: &mut std::process::Command, fd: i32, target: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: dup2 and fcntl are async-signal-safe; no allocation happens in the closure.
     unsafe {
         cmd.pre_exec(move || {
-            // dup2 onto itself would keep close-on-exec: clear it instead.
-            let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
+            let r = if fd == target { libc::fcntl(target, libc::F_SETFD, 0) } else { libc::dup2(fd, target) };
             if r < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    let child = cmd.spawn().unwrap();
-    drop(listener);
-    serves_then_stops(child, &path);
 }
 
 /// A daemon serving on a socket it was handed: it answers, exits 0 on SIGTERM, and leaves the
@@ -391,7 +420,6 @@ fn serves_then_stops(mut child: std::process::Child, path: &std::path::Path) {
 #[test]
 fn android_init_socket() {
     use std::os::unix::io::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let d = Daemon::start(&config(""));
     let path = d.dir.path().join("android.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
@@ -399,10 +427,7 @@ fn android_init_socket() {
     let cfg = d.dir.path().join("models.toml");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"));
     cmd.args(["serve", "--config", cfg.to_str().unwrap()]).env("ANDROID_SOCKET_kazeia", "9").stderr(std::process::Stdio::null());
-    // SAFETY: dup2 is async-signal-safe; the new fd 9 is inheritable.
-    unsafe {
-        cmd.pre_exec(move || if libc::dup2(fd, 9) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
-    }
+    hand_over(&mut cmd, fd, 9);
     let child = cmd.spawn().unwrap();
     drop(listener);
     serves_then_stops(child, &path);
@@ -434,11 +459,13 @@ async fn load_unload_and_subscribe() {
         }
     }
     assert!(progress > 0);
+    // The subscriber hears the load through to its end: loading first, then loaded.
     let mut seen = vec![];
-    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(500), subs.recv()).await {
+    while seen.last() != Some(&kazeia_ipc::ModelState::Loaded) {
+        let ev = tokio::time::timeout(common::HANG, subs.recv()).await.expect("a status change").expect("open");
         seen.push(state(ev));
     }
-    assert!(seen.contains(&kazeia_ipc::ModelState::Loading) && seen.last() == Some(&kazeia_ipc::ModelState::Loaded), "{seen:?}");
+    assert!(seen.contains(&kazeia_ipc::ModelState::Loading), "{seen:?}");
 
     let mut rx = c.send(kazeia_ipc::Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
     assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Unloaded { .. }))));
@@ -472,7 +499,7 @@ async fn critical_memory_pressure_refuses_new_turns() {
         if c.status().await.unwrap().pressure == "critical" {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(10), "pressure never became critical");
+        assert!(t.elapsed() < common::HANG, "pressure never became critical");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions::default()).await.unwrap();

@@ -87,6 +87,13 @@ pub struct ModelStatus {
     /// Requests running or waiting for this role.
     #[serde(default)]
     pub busy: u32,
+    /// Turns admitted that use this role, from `accepted` to their final event (at most
+    /// `queue_per_model` + 1; a leased role is never unloaded to make room or by keep-alive).
+    #[serde(default)]
+    pub turns: u32,
+    /// Tokens this role generated since it loaded (whether or not a client read them).
+    #[serde(default)]
+    pub generated_tokens: u64,
     /// Bytes this role holds against the budget (the estimate; shared weights counted once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_bytes: Option<u64>,

@@ -20,9 +20,13 @@ impl Sessions {
 
     /// The session's messages so far (empty for a new or expired session).
     pub fn history(&self, id: &str) -> Vec<ChatMessage> {
+        self.history_at(id, Instant::now())
+    }
+
+    /// [`Sessions::history`] as if the clock read `now`.
+    fn history_at(&self, id: &str, now: Instant) -> Vec<ChatMessage> {
         let mut map = self.inner.lock().expect("sessions lock");
-        let now = Instant::now();
-        map.retain(|_, (t, _)| now.duration_since(*t) < self.ttl);
+        map.retain(|_, (t, _)| now.saturating_duration_since(*t) < self.ttl);
         map.get(id).map(|(_, m)| m.clone()).unwrap_or_default()
     }
 
@@ -61,11 +65,13 @@ mod tests {
 
     #[test]
     fn history_expires() {
-        let s = Sessions::new(Duration::from_millis(50));
+        // The clock is given, not slept on (a sleep races the TTL on a loaded machine).
+        let s = Sessions::new(Duration::from_secs(60));
         s.append("a", ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "hello"));
-        assert_eq!(s.history("a").len(), 2);
-        std::thread::sleep(Duration::from_millis(80));
-        assert!(s.history("a").is_empty());
+        let now = Instant::now();
+        assert_eq!(s.history_at("a", now).len(), 2);
+        assert_eq!(s.history_at("a", now + Duration::from_secs(30)).len(), 2);
+        assert!(s.history_at("a", now + Duration::from_secs(61)).is_empty());
         assert!(s.is_empty());
     }
 }

@@ -12,12 +12,18 @@ fn role(name: &str, file: &std::path::Path, priority: u32, sizes: &str) -> Strin
     format!("[[model]]\nrole = \"{name}\"\nfile = \"{}\"\nthreads = 2\nbackend = \"cpu\"\npriority = {priority}\n{sizes}\n", file.display())
 }
 
+/// The supervisor measures a load as this process's RSS growth across it: a test loading or
+/// unloading at the same time would move that figure (seen: `a` measured under 50 MB while the
+/// keep-alive test unloaded). One test at a time in this process.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn state(sup: &Supervisor, r: &str) -> ModelState {
     sup.status().models.iter().find(|m| m.role == r).unwrap().state
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
+    let _one = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("smollm2-copy.gguf");
     std::fs::copy(smollm2(), &copy).unwrap();
@@ -62,24 +68,44 @@ async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
     assert_eq!(e.code, ErrorCode::OverBudget);
     assert!(e.message.contains("resident: a ") && e.message.contains("needed for huge"), "{}", e.message);
     assert_eq!(state(&sup, "huge"), ModelState::Unloaded);
+
+    // A turn's lease protects a role as a running job does, even while the role has no job
+    // (a guard between its input and output checks): `c` may not evict a leased `a`.
+    let lease = sup.lease(&["a".to_string()]).unwrap();
+    assert_eq!(sup.engine.pending("a"), Some(0));
+    let e = sup.ensure_loaded("c", |_| {}).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::OverBudget, "{}", e.message);
+    assert_eq!(state(&sup, "a"), ModelState::Loaded);
+    drop(lease);
+    sup.ensure_loaded("c", |_| {}).await.unwrap();
+    assert_eq!((state(&sup, "a"), state(&sup, "c"), state(&sup, "d")), (ModelState::Unloaded, ModelState::Loaded, ModelState::Loaded));
     let st = sup.status();
     assert!(st.reserved_bytes <= st.budget_bytes, "{st:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn keep_alive_unloads_idle_models() {
-    let text = role("a", &smollm2(), 50, "n_ctx = 512\nkeep_alive = \"1s\"");
+    let _one = SERIAL.lock().await;
+    let text = role("a", &smollm2(), 50, "n_ctx = 512\nkeep_alive = \"1h\"");
     let sup = Supervisor::new(config(&text), Registry::builtin());
     sup.ensure_loaded("a", |_| {}).await.unwrap();
-    assert!(sup.expire_idle().await.is_empty());
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
-    assert_eq!(sup.expire_idle().await, vec!["a".to_string()]);
+    // The clock is given, not slept on: just after its last use the role stays; a keep-alive
+    // later it goes, unless a turn holds it.
+    let used = std::time::Instant::now();
+    assert!(sup.expire_idle_at(used).await.is_empty());
+    let later = used + std::time::Duration::from_secs(3601);
+    let lease = sup.lease(&["a".to_string()]).unwrap();
+    assert!(sup.expire_idle_at(later).await.is_empty());
+    assert_eq!(state(&sup, "a"), ModelState::Loaded);
+    drop(lease);
+    assert_eq!(sup.expire_idle_at(later).await, vec!["a".to_string()]);
     assert_eq!(state(&sup, "a"), ModelState::Unloaded);
     assert_eq!(sup.status().reserved_bytes, 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn low_pressure_sheds_idle_lower_priority_models_and_sessions() {
+    let _one = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("copy.gguf");
     std::fs::copy(smollm2(), &copy).unwrap();

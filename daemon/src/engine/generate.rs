@@ -195,13 +195,16 @@ fn slot(cfg: &ModelConfig, requested: u32) -> i32 {
     requested.min(cfg.cache_slots.max(1) - 1) as i32
 }
 
-/// Run a generation job. Always sends exactly one `Finished` event.
-pub fn run(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &ModelConfig, compute: &Compute, job: Job) {
+/// Run a generation job. Always sends exactly one `Finished` event. Returns the tokens it
+/// generated (counted by the role, e.g. for a job whose listener vanished).
+pub fn run(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &ModelConfig, compute: &Compute, job: Job) -> u32 {
     let events = job.events.clone();
     let seq = slot(cfg, job.request.slot);
     let mut run = Run { ctx, seq, cache, model, cfg, compute };
     let result = generate(&mut run, &job).map_err(LlmError::from);
+    let generated = result.as_ref().map(|s| s.metrics.generated_tokens).unwrap_or(0);
     let _ = events.send(GenEvent::Finished(result));
+    generated
 }
 
 fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateError> {

@@ -138,6 +138,11 @@ impl Engine {
         self.inner.roles.lock().unwrap_or_else(|p| p.into_inner()).get(role).map(|r| r.worker.pending())
     }
 
+    /// Tokens `role` generated since it loaded (None when not loaded).
+    pub fn generated_tokens(&self, role: &str) -> Option<u64> {
+        self.inner.roles.lock().unwrap_or_else(|p| p.into_inner()).get(role).map(|r| r.worker.generated())
+    }
+
     /// How many requests a role queues beyond the running one.
     pub fn queue_capacity(&self) -> usize {
         self.queue_capacity.unwrap_or(DEFAULT_QUEUE)

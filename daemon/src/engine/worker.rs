@@ -3,7 +3,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -51,6 +51,8 @@ pub struct Worker {
     capacity: usize,
     /// Requests queued or running.
     pending: Arc<AtomicUsize>,
+    /// Tokens generated since the role loaded, whoever read them.
+    generated: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -61,13 +63,14 @@ impl Worker {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LoadError>>();
         let role = cfg.role.clone();
         let pending = Arc::new(AtomicUsize::new(0));
-        let thread_pending = pending.clone();
+        let generated = Arc::new(AtomicU64::new(0));
+        let counters = Counters { pending: pending.clone(), generated: generated.clone() };
         let thread = std::thread::Builder::new()
             .name(format!("llm-{role}"))
-            .spawn(move || run(cfg, model, rx, ready_tx, thread_pending, compute))
+            .spawn(move || run(cfg, model, rx, ready_tx, counters, compute))
             .map_err(|e| LoadError::Thread { role: role.clone(), reason: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, pending, thread: Some(thread) }),
+            Ok(Ok(())) => Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, pending, generated, thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -98,6 +101,17 @@ impl Worker {
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::SeqCst)
     }
+
+    /// Tokens this role generated since it loaded.
+    pub fn generated(&self) -> u64 {
+        self.generated.load(Ordering::SeqCst)
+    }
+}
+
+/// What the role's thread counts for the engine.
+struct Counters {
+    pending: Arc<AtomicUsize>,
+    generated: Arc<AtomicU64>,
 }
 
 impl Drop for Worker {
@@ -109,7 +123,7 @@ impl Drop for Worker {
     }
 }
 
-fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>, pending: Arc<AtomicUsize>, compute: Arc<generate::Compute>) {
+fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc::Sender<Result<(), LoadError>>, counters: Counters, compute: Arc<generate::Compute>) {
     let ctx = {
         let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
         let mut params = LlamaContextParams::default()
@@ -151,10 +165,13 @@ fn run(cfg: ModelConfig, model: Arc<SharedModel>, rx: Receiver<Msg>, ready: mpsc
     while let Ok(msg) = rx.recv() {
         let _running = generate::Running::start();
         match msg {
-            Msg::Generate(job) => generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+            Msg::Generate(job) => {
+                let n = generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job);
+                counters.generated.fetch_add(u64::from(n), Ordering::SeqCst);
+            }
             Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
         }
-        pending.fetch_sub(1, Ordering::SeqCst);
+        counters.pending.fetch_sub(1, Ordering::SeqCst);
     }
     // The context (and with it, this role's KV and compute buffers) is freed here, before the
     // model's last Arc may go.

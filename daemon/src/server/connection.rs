@@ -320,14 +320,12 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 (_, Some(_)) => return out.error(Some(id), ErrorCode::BadRequest, format!("pipeline {:?} does not take audio", pipeline.name)),
                 (None, None) => return out.error(Some(id), ErrorCode::BadRequest, "a turn needs text or audio"),
             };
-            // Admission: a role whose queue is full answers busy now, without queueing.
-            let capacity = sup.engine.queue_capacity();
-            for role in pipeline.roles() {
-                if sup.engine.pending(&role).unwrap_or(0) > capacity {
-                    let msg = format!("role {role:?} has {capacity} requests waiting: try again later");
-                    return out.error(Some(id), ErrorCode::Busy, msg);
-                }
-            }
+            // Admission: a role already holding its running turn and a full queue answers busy
+            // now, without queueing. The lease counts this turn until it ends.
+            let lease = match sup.lease(&pipeline.roles()) {
+                Ok(l) => l,
+                Err(e) => return out.error(Some(id), e.code, e.message),
+            };
             let cancel = conn_cancel.child_token();
             if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
                 return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
@@ -351,16 +349,34 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 };
                 let (tx, mut rx) = mpsc::unbounded_channel();
                 let forward = async {
+                    let mut last = None;
                     while let Some(ev) = rx.recv().await {
                         out.send(&ev);
+                        last = Some(ev);
                     }
+                    last
                 };
                 let engine = sup.engine.clone();
                 let engines = Engines { llm: &engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
-                tokio::join!(run_turn(&pipeline, input, engines, cancel, tx), forward);
+                let (_, last) = tokio::join!(run_turn(&pipeline, input, engines, cancel, tx), forward);
+                log_turn_end(conn, &id, last.as_ref());
                 sup.remove_turn(conn, &id);
+                drop(lease);
             });
         }
+    }
+}
+
+/// One line per finished text turn: how it stopped and what it generated (the id is the
+/// client's string, so it is logged escaped).
+fn log_turn_end(conn: u64, id: &str, last: Option<&Event>) {
+    match last {
+        Some(Event::Done { stop, metrics, .. }) => {
+            let stop = format!("{stop:?}").to_lowercase();
+            tracing::info!(conn, id = ?id, stop, generated = metrics.generated_tokens, "turn ended");
+        }
+        Some(Event::Error { code, .. }) => tracing::info!(conn, id = ?id, code = code.as_str(), "turn ended"),
+        _ => tracing::info!(conn, id = ?id, "turn ended without a final event"),
     }
 }
 

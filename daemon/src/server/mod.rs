@@ -72,7 +72,7 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
     let mut sigint = signal(SignalKind::interrupt()).expect("SIGINT handler");
     let closing = CancellationToken::new();
     let mut conns = JoinSet::new();
-    loop {
+    let why = loop {
         tokio::select! {
             r = bound.listener().accept() => match r {
                 Ok((stream, _)) => {
@@ -85,11 +85,11 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
                 }
             },
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break }
-            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break }
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = sigint.recv() => break "SIGINT",
         }
-    }
-    shutdown(sup, bound, closing, conns, grace).await;
+    };
+    shutdown(sup, bound, closing, conns, grace, why).await;
     Ok(())
 }
 
@@ -107,8 +107,10 @@ fn apply_htp_sessions(config: &Config) {
     }
 }
 
-async fn shutdown(sup: Arc<Supervisor>, bound: socket::Bound, closing: CancellationToken, mut conns: JoinSet<()>, grace: Duration) {
+async fn shutdown(sup: Arc<Supervisor>, bound: socket::Bound, closing: CancellationToken, mut conns: JoinSet<()>, grace: Duration, why: &str) {
     sup.stopping.cancel();
+    // Logged once new turns are refused: whoever reads this line may rely on it.
+    tracing::info!("{why}: shutting down");
     let path = match bound {
         socket::Bound::Owned { listener, path } => {
             drop(listener);

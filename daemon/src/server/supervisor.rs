@@ -1,8 +1,8 @@
 //! The supervisor: the daemon's shared state — the engine, the model roles' states, the running
 //! turns (for cancel by id), and status for clients and subscribers.
 //!
-//! Lock order: `roles` before `turns` before `ledger`. No std lock is held across an await or an
-//! engine call; `loading` (async) is held across a whole admission + load.
+//! Lock order: `roles` before `turns` before `ledger` before `leases`. No std lock is held
+//! across an await or an engine call; `loading` (async) is held across a whole admission + load.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -26,6 +26,31 @@ struct RoleState {
     error: Option<String>,
 }
 
+/// A turn's hold on the roles of its pipeline, from admission until it is dropped. Admission
+/// counts leases, not engine jobs: a turn just accepted has not queued any work yet (it may
+/// still be loading), and between a guarded turn's two guard checks the guard has no job at
+/// all. A leased role is never evicted, shed under pressure or unloaded by keep-alive.
+pub struct Lease {
+    sup: Arc<Supervisor>,
+    roles: Vec<String>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut leases = self.sup.leases.lock().expect("leases lock");
+        for r in &self.roles {
+            if let Some(n) = leases.get_mut(r) {
+                *n -= 1;
+                if *n == 0 {
+                    leases.remove(r);
+                }
+            }
+        }
+        drop(leases);
+        let _ = self.sup.changes.send(());
+    }
+}
+
 /// A running turn, findable by its client id for `cancel`.
 #[derive(Clone)]
 pub struct TurnEntry {
@@ -44,6 +69,8 @@ pub struct Supervisor {
     turns: Mutex<HashMap<(u64, String), TurnEntry>>,
     /// One admission + load at a time: the ledger's view stays true while a load decides.
     loading: AsyncMutex<()>,
+    /// Admitted turns per role (see [`Lease`]).
+    leases: Mutex<HashMap<String, usize>>,
     /// What each loaded role holds against the budget.
     pub ledger: Mutex<kazeia_memory_budget::Ledger>,
     /// The last pressure level sampled.
@@ -61,7 +88,10 @@ pub struct Supervisor {
 impl Supervisor {
     pub fn new(config: Config, registry: Registry) -> Arc<Supervisor> {
         let budget = config.budget.budget_bytes();
-        let engine = Engine::new().with_queue_capacity(config.daemon.queue_per_model).with_exclusive_compute(config.daemon.exclusive_compute);
+        // Admission is by lease (see [`Lease`]); the engine's own bound is a backstop sized so
+        // that admitted turns never reach it (a turn may have two jobs on one role at once).
+        let backstop = 2 * (config.daemon.queue_per_model + 1);
+        let engine = Engine::new().with_queue_capacity(backstop).with_exclusive_compute(config.daemon.exclusive_compute);
         let roles = config
             .models
             .iter()
@@ -76,6 +106,7 @@ impl Supervisor {
             roles: Mutex::new(roles),
             turns: Mutex::default(),
             loading: AsyncMutex::new(()),
+            leases: Mutex::default(),
             ledger: Mutex::new(kazeia_memory_budget::Ledger::new(budget)),
             pressure: Mutex::new(Level::Normal),
             connections: AtomicU32::new(0),
@@ -84,6 +115,33 @@ impl Supervisor {
             stopping: CancellationToken::new(),
             speech: Mutex::new(None),
         })
+    }
+
+    /// Admit a turn on `roles`: each may hold `queue_per_model` turns beyond the running one;
+    /// past that the turn is refused with `busy` at once (nothing is counted then).
+    pub fn lease(self: &Arc<Self>, roles: &[String]) -> Result<Lease, LlmError> {
+        let capacity = self.config.daemon.queue_per_model;
+        let mut leases = self.leases.lock().expect("leases lock");
+        if let Some(full) = roles.iter().find(|r| leases.get(*r).copied().unwrap_or(0) > capacity) {
+            let msg = format!("role {full:?} has {capacity} requests waiting: try again later");
+            return Err(LlmError::new(ErrorCode::Busy, msg));
+        }
+        for r in roles {
+            *leases.entry(r.clone()).or_insert(0) += 1;
+        }
+        drop(leases);
+        let _ = self.changes.send(());
+        Ok(Lease { sup: self.clone(), roles: roles.to_vec() })
+    }
+
+    /// Turns holding `role`.
+    pub fn leased(&self, role: &str) -> usize {
+        self.leases.lock().expect("leases lock").get(role).copied().unwrap_or(0)
+    }
+
+    /// A role that must stay loaded: a turn holds it or the engine has work for it.
+    fn in_use(&self, role: &str) -> bool {
+        self.leased(role) > 0 || self.engine.pending(role).unwrap_or(0) > 0
     }
 
     pub fn next_conn_id(&self) -> u64 {
@@ -117,7 +175,7 @@ impl Supervisor {
         let file_weights = est.weights_bytes + est.repack_bytes;
         let context_bytes = est.kv_bytes + est.recurrent_bytes + est.compute_bytes + est.overhead_bytes;
         let need = context_bytes + if self.ledger.lock().expect("ledger").holds_file(&file) { 0 } else { file_weights };
-        let admitted = self.ledger.lock().expect("ledger").admit(role, need, cfg.priority, |r| self.engine.pending(r).unwrap_or(0) > 0);
+        let admitted = self.ledger.lock().expect("ledger").admit(role, need, cfg.priority, |r| self.in_use(r));
         let victims = admitted.map_err(|refusal| {
             tracing::warn!("refused to load {role}: {refusal}");
             LlmError::new(ErrorCode::OverBudget, refusal.to_string())
@@ -186,7 +244,7 @@ impl Supervisor {
                 .config
                 .models
                 .iter()
-                .filter(|m| m.priority < top && self.engine.info(&m.role).is_some() && self.engine.pending(&m.role) == Some(0))
+                .filter(|m| m.priority < top && self.engine.info(&m.role).is_some() && !self.in_use(&m.role))
                 .map(|m| m.role.clone())
                 .collect();
             for r in &idle_low {
@@ -209,7 +267,12 @@ impl Supervisor {
 
     /// Unload roles idle for longer than their keep-alive. Returns the roles unloaded.
     pub async fn expire_idle(&self) -> Vec<String> {
-        let now = std::time::Instant::now();
+        self.expire_idle_at(Instant::now()).await
+    }
+
+    /// [`Supervisor::expire_idle`] as if the clock read `now` (tests give a later instant
+    /// rather than sleeping past a keep-alive).
+    pub async fn expire_idle_at(&self, now: Instant) -> Vec<String> {
         let expired: Vec<String> = {
             let ledger = self.ledger.lock().expect("ledger");
             self.config
@@ -217,8 +280,8 @@ impl Supervisor {
                 .iter()
                 .filter(|m| {
                     let idle_since = ledger.get(&m.role).map(|e| e.last_used);
-                    matches!((m.keep_alive, idle_since), (Some(ka), Some(t)) if now.duration_since(t) >= ka)
-                        && self.engine.pending(&m.role).unwrap_or(0) == 0
+                    matches!((m.keep_alive, idle_since), (Some(ka), Some(t)) if now.saturating_duration_since(t) >= ka)
+                        && !self.in_use(&m.role)
                 })
                 .map(|m| m.role.clone())
                 .collect()
@@ -311,6 +374,8 @@ impl Supervisor {
             placement: placement.or_else(|| Some("loaded by the first audio turn".into())),
             shares_model_with: vec![],
             busy: 0,
+            turns: 0,
+            generated_tokens: 0,
             reserved_bytes: if first { entry.map(|e| e.reserved) } else { None },
             measured_bytes: if first { entry.and_then(|e| e.measured) } else { None },
             progress: None,
@@ -360,6 +425,8 @@ impl Supervisor {
                     placement: Some(placement.reason.clone()),
                     shares_model_with: info.map(|i| i.shares_model_with).unwrap_or_default(),
                     busy: self.engine.pending(&m.role).unwrap_or(0) as u32,
+                    turns: self.leased(&m.role) as u32,
+                    generated_tokens: self.engine.generated_tokens(&m.role).unwrap_or(0),
                     reserved_bytes: ledger.get(&m.role).map(|e| e.reserved),
                     measured_bytes: ledger.get(&m.role).and_then(|e| e.measured),
                     progress: st.progress,

@@ -6,6 +6,7 @@ pub mod mel;
 pub mod runtime;
 pub mod tts;
 pub mod vad;
+pub mod wer;
 pub mod whisper;
 
 use std::time::Duration;

@@ -61,11 +61,15 @@ impl Daemon {
     }
 
     fn wait_ready(&self) {
-        let t = Instant::now();
-        while !self.stderr.lock().unwrap().contains("listening on") {
-            assert!(t.elapsed() < Duration::from_secs(30), "daemon did not start: {}", self.stderr.lock().unwrap());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_log("listening on");
+    }
+
+    /// Wait until the daemon's log holds `needle`. The log is read by another thread as the
+    /// daemon writes it: a line the daemon has written may not be here yet, so never read the
+    /// log once and conclude.
+    #[track_caller]
+    pub fn wait_log(&self, needle: &str) {
+        wait_until(&format!("{needle:?} in the daemon's log"), || self.stderr.lock().unwrap().contains(needle), || self.log());
     }
 
     pub async fn client(&self) -> Client {
@@ -135,6 +139,34 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             eprintln!("--- daemon log ---\n{}", self.stderr.lock().unwrap_or_else(|p| p.into_inner()));
         }
+    }
+}
+
+/// How long a test waits for something that should happen, before it calls it a hang. Not a
+/// speed check: it only has to be far above what a loaded 2-core machine ever needs.
+pub const HANG: Duration = Duration::from_secs(120);
+
+/// Poll `ready` until it holds; past [`HANG`], fail with `what` and `context()`.
+#[track_caller]
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool, context: impl Fn() -> String) {
+    let t = Instant::now();
+    while !ready() {
+        assert!(t.elapsed() < HANG, "timed out waiting for {what}\n{}", context());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The daemon's status once every turn has ended and every role is idle. A turn's final event
+/// reaches the client just before the daemon lets go of the turn: poll, never assume.
+pub async fn settled(c: &Client) -> kazeia_ipc::StatusReport {
+    let t = Instant::now();
+    loop {
+        let st = c.status().await.unwrap();
+        if st.turns_running == 0 && st.models.iter().all(|m| m.busy == 0 && m.turns == 0) {
+            return st;
+        }
+        assert!(t.elapsed() < HANG, "the daemon never settled: {st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
