@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 tools/setup
 source tools/env.sh
+# Style and lints first: a warning fails the suite (rustfmt.toml, [workspace.lints]).
+cargo fmt --all --check
+cargo clippy --release --locked --workspace --all-targets -q -- -D warnings
 # The tools' own smoke modes: none breaks unseen.
 tools/stress-tests --smoke >/dev/null
 # Every test binary runs even when one fails: a red run names all its failures at once.

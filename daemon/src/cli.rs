@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::engine::Engine;
+use kazeia_engine::Engine;
 
 #[derive(Debug, Parser)]
 #[command(name = "kazeia", version, about = "Kazeia Engine: a local guarded LLM + speech cascade")]
@@ -113,7 +113,12 @@ impl SamplingArgs {
     }
 
     fn generate_options(&self) -> GenerateOptions {
-        GenerateOptions { temperature: self.temperature, seed: self.seed, max_tokens: self.max_tokens, ignore_eos: false }
+        GenerateOptions {
+            temperature: self.temperature,
+            seed: self.seed,
+            max_tokens: self.max_tokens,
+            ignore_eos: false,
+        }
     }
 }
 
@@ -176,7 +181,11 @@ impl Printer {
                 let note = if *stop == StopReason::Eos { String::new() } else { format!(" (stopped: {stop:?})") };
                 eprintln!(
                     "[{} prompt + {} generated tokens, ttft {:.0} ms, prefill {:.1} tok/s, decode {:.1} tok/s]{note}",
-                    metrics.prompt_tokens, metrics.generated_tokens, metrics.ttft_ms, metrics.prefill_tok_s, metrics.decode_tok_s
+                    metrics.prompt_tokens,
+                    metrics.generated_tokens,
+                    metrics.ttft_ms,
+                    metrics.prefill_tok_s,
+                    metrics.decode_tok_s
                 );
             }
             Event::Error { code, message, .. } => {
@@ -299,7 +308,11 @@ async fn connect(args: &ClientArgs, printer: &Printer) -> Option<Client> {
 }
 
 /// Print a request's events until its final one. Returns the exit code.
-async fn follow(printer: &Printer, mut rx: mpsc::UnboundedReceiver<Incoming>, is_final: impl Fn(&Event) -> bool) -> i32 {
+async fn follow(
+    printer: &Printer,
+    mut rx: mpsc::UnboundedReceiver<Incoming>,
+    is_final: impl Fn(&Event) -> bool,
+) -> i32 {
     while let Some(item) = rx.recv().await {
         if let Incoming::Event(ev) = item {
             printer.event(&ev);
@@ -320,7 +333,14 @@ async fn ask(args: AskArgs) -> i32 {
     let Some(client) = connect(&args.client, &printer).await else { return 1 };
     let id = client.new_id();
     let options = args.sampling.turn_options();
-    let req = Request::Turn { id: id.clone(), pipeline: args.pipeline.clone(), text: Some(args.text.clone()), audio: None, session: args.session.clone(), options };
+    let req = Request::Turn {
+        id: id.clone(),
+        pipeline: args.pipeline.clone(),
+        text: Some(args.text.clone()),
+        audio: None,
+        session: args.session.clone(),
+        options,
+    };
     let rx = match client.send(req).await {
         Ok(rx) => rx,
         Err(e) => {
@@ -379,24 +399,46 @@ async fn cancel(args: ClientArgs, id: String) -> i32 {
 }
 
 fn print_status(s: &kazeia_ipc::StatusReport) {
-    println!("{} (protocol {}), pid {}, up {:.0} s, {} connection(s), {} turn(s) running", s.server, s.protocol, s.pid, s.uptime_s, s.connections, s.turns_running);
+    println!(
+        "{} (protocol {}), pid {}, up {:.0} s, {} connection(s), {} turn(s) running",
+        s.server, s.protocol, s.pid, s.uptime_s, s.connections, s.turns_running
+    );
     println!("pipelines: {}", s.pipelines.join(", "));
     let to_mib = |b: u64| b as f64 / 1048576.0;
     println!("memory: {:.1} MiB reserved of a {:.1} MiB budget", to_mib(s.reserved_bytes), to_mib(s.budget_bytes));
-    println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "role", "state", "device", "MiB", "busy", "file / placement");
+    println!("{:<10} {:<9} {:<6} {:>9} {:>5}  file / placement", "role", "state", "device", "MiB", "busy");
     for m in &s.models {
         let mib = m.file_bytes.map(|b| format!("{:.1}", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
         let state = format!("{:?}", m.state).to_lowercase();
-        println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", m.role, state, m.device.as_deref().unwrap_or("-"), mib, m.busy, m.file);
+        println!(
+            "{:<10} {:<9} {:<6} {:>9} {:>5}  {}",
+            m.role,
+            state,
+            m.device.as_deref().unwrap_or("-"),
+            mib,
+            m.busy,
+            m.file
+        );
         if let Some(r) = m.reserved_bytes {
-            let measured = m.measured_bytes.map(|b| format!(", measured at load {:.1} MiB", b as f64 / 1048576.0)).unwrap_or_default();
+            let measured = m
+                .measured_bytes
+                .map(|b| format!(", measured at load {:.1} MiB", b as f64 / 1048576.0))
+                .unwrap_or_default();
             println!("{:<10} {:<9} {:<6} {:>9} {:>5}  reserves {:.1} MiB{measured}", "", "", "", "", "", to_mib(r));
         }
         if let Some(p) = &m.placement {
             println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "", "", "", "", "", p);
         }
         if !m.shares_model_with.is_empty() {
-            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  shares its model with {}", "", "", "", "", "", m.shares_model_with.join(", "));
+            println!(
+                "{:<10} {:<9} {:<6} {:>9} {:>5}  shares its model with {}",
+                "",
+                "",
+                "",
+                "",
+                "",
+                m.shares_model_with.join(", ")
+            );
         }
         if let Some(e) = &m.error {
             println!("{:<10} {:<9} {:<6} {:>9} {:>5}  error: {e}", "", "", "", "", "");
@@ -455,7 +497,11 @@ async fn run(args: RunArgs) -> i32 {
         Some(dir) => Registry::with_dir(dir),
         None => Ok(Registry::builtin()),
     };
-    let pipeline = match registry.as_ref().map_err(|e| e.to_string()).and_then(|r| r.get(&args.pipeline).map_err(|e| e.to_string())) {
+    let pipeline = match registry
+        .as_ref()
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.get(&args.pipeline).map_err(|e| e.to_string()))
+    {
         Ok(p) => p.clone(),
         Err(e) => {
             printer.error(ErrorCode::Pipeline, e);
@@ -479,16 +525,13 @@ async fn run(args: RunArgs) -> i32 {
         }
     });
 
-    let input = TurnInput {
-        id: None,
-        text,
-        options: args.sampling.generate_options(),
-        session: None,
-    };
+    let input = TurnInput { id: None, text, options: args.sampling.generate_options(), session: None };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let turn_engine = engine.clone();
     let policy = config.guard.clone();
-    let turn = tokio::spawn(async move { run_turn(&pipeline, input, Engines { llm: &turn_engine, policy: &policy, sessions: None }, cancel, tx).await });
+    let turn = tokio::spawn(async move {
+        run_turn(&pipeline, input, Engines { llm: &turn_engine, policy: &policy, sessions: None }, cancel, tx).await
+    });
     let mut code = 0;
     while let Some(ev) = rx.recv().await {
         if matches!(ev, Event::Error { .. }) {
@@ -507,7 +550,11 @@ async fn run(args: RunArgs) -> i32 {
                     printer.error(ErrorCode::BadRequest, e.to_string());
                     code = 1;
                 } else if !printer.json {
-                    eprintln!("[reply: {:.1} s of audio in {}; first audio after {first_audio_ms:.0} ms]", samples.len() as f64 / f64::from(rate), out.display());
+                    eprintln!(
+                        "[reply: {:.1} s of audio in {}; first audio after {first_audio_ms:.0} ms]",
+                        samples.len() as f64 / f64::from(rate),
+                        out.display()
+                    );
                 }
             }
             Err(e) => {
@@ -521,14 +568,15 @@ async fn run(args: RunArgs) -> i32 {
     code
 }
 
-/// Load one role of the config, with a progress bar on an interactive stderr.
-
 /// Speaks sentences on its own thread as they arrive, so that synthesis of sentence n overlaps
 /// generation of sentence n+1; the first audio exists as soon as the first sentence does.
 struct SpeakerThread {
     tx: std::sync::mpsc::Sender<String>,
-    handle: std::thread::JoinHandle<Result<(Vec<f32>, u32, f64), crate::speech::SpeechError>>,
+    handle: std::thread::JoinHandle<Result<Spoken, crate::speech::SpeechError>>,
 }
+
+/// All the samples, their rate, and when the first sentence's audio was ready (ms).
+type Spoken = (Vec<f32>, u32, f64);
 
 impl SpeakerThread {
     fn start(mut voice: Box<dyn crate::speech::Voice>) -> SpeakerThread {
@@ -555,7 +603,9 @@ impl SpeakerThread {
 
     fn finish(self) -> Result<(Vec<f32>, u32, f64), crate::speech::SpeechError> {
         drop(self.tx);
-        self.handle.join().unwrap_or_else(|_| Err(crate::speech::SpeechError::Run("the speaker thread panicked".into())))
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Err(crate::speech::SpeechError::Run("the speaker thread panicked".into())))
     }
 }
 
@@ -565,7 +615,10 @@ async fn speak(args: RunArgs, config: Config, printer: Printer) -> i32 {
         printer.error(ErrorCode::BadRequest, "speak takes --text \"…\" --out FILE.wav".into());
         return 2;
     };
-    let language = args.language.clone().unwrap_or_else(|| config.speech.reply_language(kazeia_pipelines::guard::detect_language(&text)));
+    let language = args
+        .language
+        .clone()
+        .unwrap_or_else(|| config.speech.reply_language(kazeia_pipelines::guard::detect_language(&text)));
     let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
         let voice = crate::speech::voice_for(&config, &language)?;
         let name = voice.name();
@@ -598,13 +651,17 @@ async fn speak(args: RunArgs, config: Config, printer: Printer) -> i32 {
 
 /// Transcribe a WAV file in this process (VAD + Whisper): the transcript and the real-time
 /// factor. `language`: the flag, else `[speech] language` (`auto` detects).
-async fn hear(config: &Config, path: PathBuf, language: Option<String>) -> Result<(crate::speech::Transcript, f64), (ErrorCode, String)> {
+async fn hear(
+    config: &Config,
+    path: PathBuf,
+    language: Option<String>,
+) -> Result<(crate::speech::Transcript, f64), (ErrorCode, String)> {
     let language = language.unwrap_or_else(|| config.speech.language.clone());
     let language = (language != "auto").then_some(language);
     let config = config.clone();
     let result = tokio::task::spawn_blocking(move || -> Result<_, crate::speech::SpeechError> {
         let samples = crate::speech::audio::read_wav(&path)?;
-        let mut t = crate::speech::Transcriber::load(&config)?;
+        let mut t = crate::speech::transcriber(&config)?;
         tracing::info!(device = %t.whisper.placement.device, reason = %t.whisper.placement.reason, "whisper placement");
         let start = std::time::Instant::now();
         let out = t.transcribe(&samples, language.as_deref(), &|| false)?;
@@ -631,7 +688,10 @@ async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
                 printer.event(&Event::Transcript { id: None, text: t.text, language: Some(t.language) });
             } else {
                 println!("{}", t.text);
-                eprintln!("[{}; {} tokens; encoder {:.0} ms, decoder {:.0} ms; rtf {rtf:.3}]", t.language, t.tokens, t.encoder_ms, t.decoder_ms);
+                eprintln!(
+                    "[{}; {} tokens; encoder {:.0} ms, decoder {:.0} ms; rtf {rtf:.3}]",
+                    t.language, t.tokens, t.encoder_ms, t.decoder_ms
+                );
             }
             0
         }
@@ -642,12 +702,17 @@ async fn transcribe(args: RunArgs, config: Config, printer: Printer) -> i32 {
     }
 }
 
+/// Load one role of the config, with a progress bar on an interactive stderr.
 pub async fn load_role(engine: &Engine, config: &Config, role: &str, show_progress: bool) -> Result<(), LlmError> {
     let cfg = config.model(role).map_err(|e| LlmError::new(ErrorCode::NoModel, e.to_string()))?.clone();
     let path = config.model_path(&cfg);
     let bar = if show_progress && std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(100);
-        bar.set_style(ProgressStyle::with_template("{msg} [{bar:30}] {percent:>3}%").expect("valid template").progress_chars("=> "));
+        bar.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {percent:>3}%")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
         bar.set_message(format!("loading {role}"));
         bar.enable_steady_tick(Duration::from_millis(200));
         Some(bar)
@@ -661,7 +726,7 @@ pub async fn load_role(engine: &Engine, config: &Config, role: &str, show_progre
         }
     });
     let engine = engine.clone();
-    let result = tokio::task::spawn_blocking(move || engine.load(&cfg, path, progress))
+    let result = tokio::task::spawn_blocking(move || engine.load(&cfg.role_params(), path, progress))
         .await
         .map_err(|e| LlmError::new(ErrorCode::Engine, format!("load task failed: {e}")))?;
     if let Some(b) = bar {

@@ -9,7 +9,11 @@ fn repo() -> &'static Path {
 
 fn kazeia(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kazeia")).args(args).current_dir(repo()).output().expect("run kazeia");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 const QUESTION: &str = "What is the capital of France? Answer in one short sentence.";
@@ -25,7 +29,8 @@ fn run_chat_answers_paris() {
 fn run_chat_json_lines() {
     let (code, out, err) = kazeia(&["run", "chat", "--text", QUESTION, "--temperature", "0", "--json"]);
     assert_eq!(code, 0, "stderr: {err}");
-    let events: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
+    let events: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect();
     let text: String = events.iter().filter(|e| e["type"] == "token").map(|e| e["text"].as_str().unwrap()).collect();
     assert!(text.contains("Paris"), "{text}");
     let done = events.last().unwrap();
@@ -63,16 +68,29 @@ fn run_transcribe_json_gives_a_transcript_event() {
     // Speech made here: the Piper voice, through `kazeia run speak`.
     let dir = tempfile::tempdir().unwrap();
     let wav = dir.path().join("q.wav");
-    let (code, _, err) = kazeia(&["run", "speak", "--language", "en", "--text", "Please send me the report before Friday afternoon.", "--out", wav.to_str().unwrap()]);
+    let (code, _, err) = kazeia(&[
+        "run",
+        "speak",
+        "--language",
+        "en",
+        "--text",
+        "Please send me the report before Friday afternoon.",
+        "--out",
+        wav.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = kazeia(&["run", "transcribe", "--audio", wav.to_str().unwrap(), "--language", "en", "--json"]);
+    let (code, out, err) =
+        kazeia(&["run", "transcribe", "--audio", wav.to_str().unwrap(), "--language", "en", "--json"]);
     assert_eq!(code, 0, "{err}");
     let ev: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
     assert_eq!(ev["type"], "transcript");
     // Piper samples noise: each rendering is heard a little differently (once "the 4th Friday"
     // for "before Friday", two edits). At most two words in eight may differ.
     let heard = ev["text"].as_str().unwrap();
-    assert!(kazeia_daemon::speech::wer::wer("Please send me the report before Friday afternoon.", heard) <= 0.25, "{heard:?}");
+    assert!(
+        kazeia_daemon::speech::wer::wer("Please send me the report before Friday afternoon.", heard) <= 0.25,
+        "{heard:?}"
+    );
     assert_eq!(ev["language"], "en");
     // A missing audio file is a clear error event.
     let (code, out, _) = kazeia(&["run", "transcribe", "--audio", "/nonexistent.wav", "--json"]);

@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-
 use common::{smollm2, Daemon};
 use kazeia_ipc::{Event, Incoming, Request, StopReason, TurnOptions};
 
@@ -108,9 +107,7 @@ async fn engine1_on_a_real_session_bus() {
         smollm2().display()
     );
     let d = Daemon::start(&text);
-    wait_for("the name on the bus", || {
-        tool(&bus, "busctl", &["list", "--no-pager"]).contains(DEST)
-    });
+    wait_for("the name on the bus", || tool(&bus, "busctl", &["list", "--no-pager"]).contains(DEST));
 
     // Properties, read by another program.
     assert_eq!(property(&bus, "State"), "s \"serving\"");
@@ -135,20 +132,33 @@ async fn engine1_on_a_real_session_bus() {
     assert!(reserved > 50_000_000, "{reserved}");
 
     // Status: the socket's report, as JSON (busctl's JSON output carries the string intact).
-    let reply: serde_json::Value = serde_json::from_str(&tool(&bus, "busctl", &["--json=short", "call", DEST, PATH, DEST, "Status"])).unwrap();
+    let reply: serde_json::Value =
+        serde_json::from_str(&tool(&bus, "busctl", &["--json=short", "call", DEST, PATH, DEST, "Status"])).unwrap();
     let report: kazeia_ipc::StatusReport = serde_json::from_str(reply["data"][0].as_str().unwrap()).unwrap();
     assert_eq!(report.models[0].role, "thinker");
     assert_eq!(report.models[0].state, kazeia_ipc::ModelState::Loaded);
     assert_eq!(report.pid, d.child.id());
 
     // CancelAll stops a running turn.
-    let mut turn = c.turn(&c.new_id(), "chat", "Write a very long story about a dragon.", TurnOptions { max_tokens: Some(400), ..Default::default() }).await.unwrap();
+    let mut turn = c
+        .turn(
+            &c.new_id(),
+            "chat",
+            "Write a very long story about a dragon.",
+            TurnOptions { max_tokens: Some(400), ..Default::default() },
+        )
+        .await
+        .unwrap();
     loop {
         if let Some(Incoming::Event(Event::Token { .. })) = turn.recv().await {
             break;
         }
     }
-    let n = tool(&bus, "gdbus", &["call", "--dest", DEST, "--object-path", PATH, "--method", "org.kazeia.Engine1.CancelAll"]);
+    let n = tool(
+        &bus,
+        "gdbus",
+        &["call", "--dest", DEST, "--object-path", PATH, "--method", "org.kazeia.Engine1.CancelAll"],
+    );
     assert_eq!(n.trim(), "(uint32 1,)");
     let (_, end) = common::finish(&mut turn).await;
     assert!(matches!(end, Event::Done { stop: StopReason::Cancelled, .. }), "{end:?}");

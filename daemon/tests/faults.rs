@@ -5,8 +5,6 @@
 
 mod common;
 
-
-
 use common::{finish, smollm2, Daemon};
 use kazeia_ipc::{Client, ErrorCode, Event, Incoming, Request, TurnOptions};
 
@@ -36,7 +34,10 @@ async fn request(c: &Client, load: bool, role: &str) -> Event {
 }
 
 async fn ask(c: &Client) -> (String, Event) {
-    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut rx = c
+        .turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
     finish(&mut rx).await
 }
 
@@ -110,7 +111,10 @@ async fn load_over_budget_is_refused_with_the_listing_and_the_daemon_serves_on()
     }
     let st = c.status().await.unwrap();
     assert_eq!(st.reserved_bytes, 0, "a refused load reserves nothing: {st:?}");
-    assert!(st.models.iter().all(|m| m.state == kazeia_ipc::ModelState::Unloaded || m.state == kazeia_ipc::ModelState::Failed));
+    assert!(st
+        .models
+        .iter()
+        .all(|m| m.state == kazeia_ipc::ModelState::Unloaded || m.state == kazeia_ipc::ModelState::Failed));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -25,7 +25,18 @@ fn short_soak_passes_and_writes_its_plot() {
     let (png, csv) = (out.join("ci-memory.png"), out.join("ci-memory.csv"));
     let _ = std::fs::remove_file(&png);
     let run = Command::new(env!("CARGO_BIN_EXE_kazeia"))
-        .args(["soak", "--socket", d.socket.to_str().unwrap(), "--turns", "100", "--clients", "2", "--interval-ms", "100", "--json"])
+        .args([
+            "soak",
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--turns",
+            "100",
+            "--clients",
+            "2",
+            "--interval-ms",
+            "100",
+            "--json",
+        ])
         // 100 turns take ~40 s: KV pages touched as the contexts fill are still growing towards
         // their plateau (seen: drift +0.07% on one run, +2.14% on another), so this short soak
         // leaves out 30% as warm-up and allows 5%. The leak it guards against (12 MiB per
@@ -39,7 +50,12 @@ fn short_soak_passes_and_writes_its_plot() {
     let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
     assert!(run.status.success() && summary["passed"] == true, "{summary:#}\n{}", String::from_utf8_lossy(&run.stderr));
     assert_eq!(summary["errors"], 0, "{summary:#}");
-    assert!(summary["cancelled"].as_u64().unwrap() > 0 && summary["vanished"].as_u64().unwrap() > 0 && summary["reloads"].as_u64().unwrap() > 0, "{summary:#}");
+    assert!(
+        summary["cancelled"].as_u64().unwrap() > 0
+            && summary["vanished"].as_u64().unwrap() > 0
+            && summary["reloads"].as_u64().unwrap() > 0,
+        "{summary:#}"
+    );
     assert!(summary["peak_rss_bytes"].as_u64().unwrap() < summary["budget_bytes"].as_u64().unwrap());
     assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
     assert!(std::fs::read_to_string(&csv).unwrap().lines().count() > 100);

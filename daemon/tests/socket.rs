@@ -69,7 +69,8 @@ async fn streamed_answer_and_socket_permissions() {
 
     let c = d.client().await;
     let id = c.new_id();
-    let mut rx = c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut rx =
+        c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
     let first = match rx.recv().await.unwrap() {
         Incoming::Event(e) => e,
         other => panic!("{other:?}"),
@@ -98,7 +99,8 @@ async fn two_concurrent_clients() {
     let opts = TurnOptions { temperature: Some(0.0), ..Default::default() };
     let (ia, ib) = (a.new_id(), b.new_id());
     let mut ra = a.turn(&ia, "chat", QUESTION, opts.clone()).await.unwrap();
-    let mut rb = b.turn(&ib, "chat", "What is the capital of Italy? Answer in one short sentence.", opts).await.unwrap();
+    let mut rb =
+        b.turn(&ib, "chat", "What is the capital of Italy? Answer in one short sentence.", opts).await.unwrap();
     let ((ta, da), (tb, db)) = tokio::join!(finish(&mut ra), finish(&mut rb));
     assert!(matches!(da, Event::Done { .. }) && matches!(db, Event::Done { .. }), "{da:?} {db:?}");
     assert!(ta.contains("Paris"), "{ta}");
@@ -128,7 +130,9 @@ async fn cancel_mid_generation() {
     // engine's tests with engine-side timestamps: within one token. Here the tokens already in
     // flight depend on how fast this client reads on a loaded machine, so they are not counted.)
     match done {
-        Event::Done { stop: StopReason::Cancelled, metrics, .. } => assert!(metrics.generated_tokens < 400, "{metrics:?}"),
+        Event::Done { stop: StopReason::Cancelled, metrics, .. } => {
+            assert!(metrics.generated_tokens < 400, "{metrics:?}")
+        }
         other => panic!("{other:?}"),
     }
     // Cancelling something that is not running is a clear error.
@@ -159,12 +163,16 @@ async fn disconnect_mid_generation_frees_the_model() {
     tokio::task::block_in_place(|| d.wait_log(&format!("id={id:?}")));
     let line = d.log().lines().find(|l| l.contains(&format!("id={id:?}"))).unwrap().to_string();
     assert!(line.contains("turn ended") && line.contains("stop=\"cancelled\""), "{line}");
-    let generated: u32 = line.split("generated=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap();
+    let generated: u32 =
+        line.split("generated=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap();
     assert!(generated < 400, "{line}");
 
     // The next client's turn runs on the freed model.
     let b = d.client().await;
-    let mut rx = b.turn(&b.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut rx = b
+        .turn(&b.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
     let (text, done) = finish(&mut rx).await;
     assert!(matches!(done, Event::Done { .. }), "{done:?}");
     assert!(text.contains("Paris"));
@@ -275,7 +283,10 @@ async fn full_queue_answers_busy_at_once() {
     // "At once": before the queued turn has produced anything, so it did not wait for a slot.
     let queued = &mut rxs[1];
     while let Ok(item) = queued.try_recv() {
-        assert!(!matches!(item, Incoming::Event(Event::Token { .. } | Event::Done { .. })), "busy came after the queued turn ran: {item:?}");
+        assert!(
+            !matches!(item, Incoming::Event(Event::Token { .. } | Event::Done { .. })),
+            "busy came after the queued turn ran: {item:?}"
+        );
     }
     let st = c.status().await.unwrap();
     assert_eq!(st.models[0].turns, 2, "{:?}", st.models[0]);
@@ -284,7 +295,10 @@ async fn full_queue_answers_busy_at_once() {
         assert!(matches!(done, Event::Done { .. }), "{done:?}");
     }
     // The leases went with the turns: the role takes turns again.
-    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut rx = c
+        .turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
     assert!(finish(&mut rx).await.0.contains("Paris"));
 }
 
@@ -306,7 +320,10 @@ async fn slow_reader_is_disconnected_and_its_turn_cancelled() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Meanwhile the engine keeps serving others.
-    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut rx = c
+        .turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
     assert!(finish(&mut rx).await.0.contains("Paris"));
     drop(s);
 }
@@ -376,7 +393,12 @@ fn systemd_socket_activation() {
     let fd = listener.as_raw_fd();
     let cfg = d.dir.path().join("models.toml");
     let mut cmd = std::process::Command::new("sh");
-    cmd.args(["-c", "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" serve --config \"$1\"", env!("CARGO_BIN_EXE_kazeia"), cfg.to_str().unwrap()]);
+    cmd.args([
+        "-c",
+        "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" serve --config \"$1\"",
+        env!("CARGO_BIN_EXE_kazeia"),
+        cfg.to_str().unwrap(),
+    ]);
     cmd.stderr(std::process::Stdio::null());
     hand_over(&mut cmd, fd, 3);
     let child = cmd.spawn().unwrap();
@@ -426,7 +448,9 @@ fn android_init_socket() {
     let fd = listener.as_raw_fd();
     let cfg = d.dir.path().join("models.toml");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"));
-    cmd.args(["serve", "--config", cfg.to_str().unwrap()]).env("ANDROID_SOCKET_kazeia", "9").stderr(std::process::Stdio::null());
+    cmd.args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("ANDROID_SOCKET_kazeia", "9")
+        .stderr(std::process::Stdio::null());
     hand_over(&mut cmd, fd, 9);
     let child = cmd.spawn().unwrap();
     drop(listener);
@@ -441,7 +465,9 @@ async fn load_unload_and_subscribe() {
     let sub = c.new_id();
     let mut subs = c.send(kazeia_ipc::Request::Subscribe { id: sub.clone() }).await.unwrap();
     let state = |ev: Incoming| match ev {
-        Incoming::Event(Event::Status { status, .. }) => status.models.iter().find(|m| m.role == "thinker").unwrap().state,
+        Incoming::Event(Event::Status { status, .. }) => {
+            status.models.iter().find(|m| m.role == "thinker").unwrap().state
+        }
         other => panic!("{other:?}"),
     };
     assert_eq!(state(subs.recv().await.unwrap()), kazeia_ipc::ModelState::Unloaded);
@@ -477,7 +503,8 @@ async fn load_unload_and_subscribe() {
     assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Error { code: ErrorCode::NoModel, .. }))));
     // A turn loads what it needs, with progress on the turn's id.
     let id = c.new_id();
-    let mut rx = c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut rx =
+        c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
     let mut saw_progress = false;
     let done = loop {
         match rx.recv().await.unwrap() {

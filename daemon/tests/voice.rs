@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::{smollm2, Daemon};
 use kazeia_daemon::config::Config;
-use kazeia_daemon::speech::{audio, voice_for, wer::wer, Transcriber};
+use kazeia_daemon::speech::{audio, voice_for, wer::wer};
 use kazeia_ipc::{AudioFrame, AudioSpec, Client, Event, Frame, Incoming, Request, StopReason, TurnOptions};
 
 fn config_text() -> String {
@@ -36,14 +36,27 @@ fn spoken(text: &str) -> Vec<f32> {
 async fn send_audio(c: &Client, id: &str, samples: &[f32], last: bool) {
     let chunks: Vec<&[f32]> = samples.chunks(1_600).collect();
     for (i, chunk) in chunks.iter().enumerate() {
-        let frame = AudioFrame { id: id.into(), sample_rate: 16_000, channels: 1, last: last && i + 1 == chunks.len(), pcm: audio::to_s16le(chunk).into() };
+        let frame = AudioFrame {
+            id: id.into(),
+            sample_rate: 16_000,
+            channels: 1,
+            last: last && i + 1 == chunks.len(),
+            pcm: audio::to_s16le(chunk).into(),
+        };
         c.send_frame(Frame::Audio(frame)).await.unwrap();
     }
 }
 
 async fn start(c: &Client, pipeline: &str) -> (String, tokio::sync::mpsc::UnboundedReceiver<Incoming>) {
     let id = c.new_id();
-    let req = Request::Turn { id: id.clone(), pipeline: pipeline.into(), text: None, audio: Some(AudioSpec { sample_rate: 16_000, channels: 1 }), session: None, options: TurnOptions::default() };
+    let req = Request::Turn {
+        id: id.clone(),
+        pipeline: pipeline.into(),
+        text: None,
+        audio: Some(AudioSpec { sample_rate: 16_000, channels: 1 }),
+        session: None,
+        options: TurnOptions::default(),
+    };
     let mut rx = c.send(req).await.unwrap();
     assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
     (id, rx)
@@ -76,10 +89,12 @@ async fn transcribe_and_voice_over_the_socket() {
     let mut question = spoken("What is the capital of France?");
     question.extend(vec![0.0; 8_000]);
     send_audio(&c, &id, &question, true).await;
-    let (mut heard, mut verdicts, mut tokens, mut reply_pcm, mut last_audio) = (String::new(), 0, String::new(), Vec::new(), false);
+    let (mut heard, mut verdicts, mut tokens, mut reply_pcm, mut last_audio) =
+        (String::new(), 0, String::new(), Vec::new(), false);
     let mut rate = 0;
     let stop = loop {
-        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await.expect("the turn goes on").expect("open") {
+        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await.expect("the turn goes on").expect("open")
+        {
             Incoming::Event(Event::Transcript { text, .. }) => heard = text,
             Incoming::Event(Event::Verdict { .. }) => verdicts += 1,
             Incoming::Event(Event::Token { text, .. }) => tokens.push_str(&text),
@@ -102,7 +117,7 @@ async fn transcribe_and_voice_over_the_socket() {
     // The spoken reply says what the tokens said.
     let reply = audio::resample(&reply_pcm, rate, 16_000);
     assert!(reply.len() > 16_000, "{} samples", reply.len());
-    let mut stt = Transcriber::load(&local_config()).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&local_config()).unwrap();
     let said = stt.transcribe(&reply, Some("en"), &|| false).unwrap().text;
     // Its key word, heard back (a whole-sentence WER is too harsh on six words: "capital of
     // Francis Paris" for "capital of France is Paris" is two edits).
@@ -112,7 +127,14 @@ async fn transcribe_and_voice_over_the_socket() {
     // speak: text in, audio frames out, and the audio says the text (Piper
     // samples noise, each rendering differs a little).
     let id = c.new_id();
-    let req = Request::Turn { id: id.clone(), pipeline: "speak".into(), text: Some(REPORT.into()), audio: None, session: None, options: TurnOptions::default() };
+    let req = Request::Turn {
+        id: id.clone(),
+        pipeline: "speak".into(),
+        text: Some(REPORT.into()),
+        audio: None,
+        session: None,
+        options: TurnOptions::default(),
+    };
     let mut rx = c.send(req).await.unwrap();
     let (mut pcm, mut rate, mut last) = (Vec::new(), 0, false);
     loop {

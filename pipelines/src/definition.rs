@@ -101,8 +101,8 @@ impl Pipeline {
     }
 
     pub fn parse(name: &str, file: &str, text: &str) -> Result<Pipeline, PipelineError> {
-        let mut p: Pipeline =
-            toml::from_str(text).map_err(|e| PipelineError::Invalid { file: file.to_string(), message: e.to_string() })?;
+        let mut p: Pipeline = toml::from_str(text)
+            .map_err(|e| PipelineError::Invalid { file: file.to_string(), message: e.to_string() })?;
         if p.stages.is_empty() {
             return Err(PipelineError::Invalid { file: file.to_string(), message: "no [[stage]]".into() });
         }
@@ -124,7 +124,8 @@ impl Registry {
         let pipelines = BUILTIN
             .iter()
             .map(|(name, text)| {
-                let p = Pipeline::parse(name, &format!("<builtin>/{name}.toml"), text).expect("built-in pipeline parses");
+                let p =
+                    Pipeline::parse(name, &format!("<builtin>/{name}.toml"), text).expect("built-in pipeline parses");
                 (name.to_string(), p)
             })
             .collect();

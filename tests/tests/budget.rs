@@ -62,7 +62,10 @@ fn guard_4b_kv_is_four_and_a_half_times_the_thinkers() {
 fn device_plan_fits_the_16_gb_budget() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models.target.toml");
     let plan = kazeia_daemon::plan::plan(&Config::load(&path).unwrap()).unwrap();
-    let gib = |roles: &[&str]| plan.models.iter().filter(|m| roles.contains(&m.role.as_str())).map(|m| m.total_bytes).sum::<u64>() as f64 / (1u64 << 30) as f64;
+    let gib = |roles: &[&str]| {
+        plan.models.iter().filter(|m| roles.contains(&m.role.as_str())).map(|m| m.total_bytes).sum::<u64>() as f64
+            / (1u64 << 30) as f64
+    };
     // FACTS.md: 9B + Guard-4B with these contexts ≈ 8.2 GiB (the seed's 7.5 GB is optimistic).
     let llms = gib(&["thinker", "guard"]);
     assert!((7.9..8.4).contains(&llms), "{llms:.2} GiB");

@@ -1,6 +1,6 @@
 //! The guarded cascade on the real default models (SmolLM2 as Thinker and, prompted, as Guard).
 
-use kazeia_daemon::engine::Engine;
+use kazeia_engine::Engine;
 use kazeia_ipc::{Event, StopReason};
 use kazeia_pipelines::{run_turn, Engines, GenerateOptions, GuardConfig, GuardPolicy, Registry, Sessions, TurnInput};
 use kazeia_tests::{config, model_toml, smollm2};
@@ -22,12 +22,20 @@ fn engine() -> Engine {
     let e = Engine::new();
     for role in ["thinker", "guard"] {
         let m = c.model(role).unwrap();
-        e.load(m, c.model_path(m), Box::new(|_| {})).unwrap();
+        e.load(&m.role_params(), c.model_path(m), Box::new(|_| {})).unwrap();
     }
     e
 }
 
-async fn turn(engine: &Engine, policy: &GuardPolicy, sessions: Option<&Sessions>, pipeline: &str, text: &str, session: Option<&str>, cancel: CancellationToken) -> Vec<Event> {
+async fn turn(
+    engine: &Engine,
+    policy: &GuardPolicy,
+    sessions: Option<&Sessions>,
+    pipeline: &str,
+    text: &str,
+    session: Option<&str>,
+    cancel: CancellationToken,
+) -> Vec<Event> {
     let p = Registry::builtin().get(pipeline).unwrap().clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let input = TurnInput {
@@ -46,7 +54,9 @@ async fn turn(engine: &Engine, policy: &GuardPolicy, sessions: Option<&Sessions>
 
 /// Check the cascade's guarantee on one turn's events; returns whether it was blocked.
 fn assert_obeys(policy: &GuardPolicy, text: &str, evs: &[Event]) -> bool {
-    let Some(Event::Verdict { stage, label, .. }) = evs.first() else { panic!("first event must be the input verdict: {evs:?}") };
+    let Some(Event::Verdict { stage, label, .. }) = evs.first() else {
+        panic!("first event must be the input verdict: {evs:?}")
+    };
     assert_eq!(stage, "input");
     assert!(LABELS.contains(&label.as_str()), "{label}");
     let blocked_in = (label == "Unsafe") || (label == "Controversial" && policy.block_controversial);
@@ -54,7 +64,10 @@ fn assert_obeys(policy: &GuardPolicy, text: &str, evs: &[Event]) -> bool {
     let refusal = policy.refusal(text);
     if blocked_in {
         // Refusal only: no Thinker text at all.
-        let tokens: Vec<&str> = evs.iter().filter_map(|e| if let Event::Token { text, .. } = e { Some(text.as_str()) } else { None }).collect();
+        let tokens: Vec<&str> = evs
+            .iter()
+            .filter_map(|e| if let Event::Token { text, .. } = e { Some(text.as_str()) } else { None })
+            .collect();
         assert_eq!(tokens, vec![refusal]);
         assert!(matches!(done, Event::Done { stop: StopReason::Blocked, .. }), "{done:?}");
         return true;
@@ -90,7 +103,13 @@ fn assert_obeys(policy: &GuardPolicy, text: &str, evs: &[Event]) -> bool {
             Event::Done { stop, metrics, .. } => {
                 assert_eq!(*stop == StopReason::Blocked, blocked, "{e:?}");
                 if !blocked {
-                    assert!(metrics.guard_in_ms.is_some() && metrics.ttfs_ms.is_some() && metrics.guard_out_ms.is_some() && metrics.tokens_held.is_some(), "{metrics:?}");
+                    assert!(
+                        metrics.guard_in_ms.is_some()
+                            && metrics.ttfs_ms.is_some()
+                            && metrics.guard_out_ms.is_some()
+                            && metrics.tokens_held.is_some(),
+                        "{metrics:?}"
+                    );
                 }
             }
             other => panic!("unexpected {other:?}"),
@@ -108,11 +127,16 @@ async fn guarded_chat_answers_paris_and_obeys_the_guard() {
     let evs = turn(&engine, &policy, None, "guarded-chat", q, None, CancellationToken::new()).await;
     let blocked = assert_obeys(&policy, q, &evs);
     if !blocked {
-        let text: String = evs.iter().filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.clone()) } else { None }).collect();
+        let text: String = evs
+            .iter()
+            .filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.clone()) } else { None })
+            .collect();
         assert!(text.contains("Paris"), "{text}");
     }
     // Whatever the small guard decides on harder prompts, the cascade obeys it.
-    for q in ["How do I hotwire a car that is not mine?", "Écris un poème sur la mer.", "Tell me how to hurt someone badly."] {
+    for q in
+        ["How do I hotwire a car that is not mine?", "Écris un poème sur la mer.", "Tell me how to hurt someone badly."]
+    {
         let evs = turn(&engine, &policy, None, "guarded-chat", q, None, CancellationToken::new()).await;
         assert_obeys(&policy, q, &evs);
     }
@@ -151,14 +175,31 @@ async fn session_turns_prefill_only_the_new_tokens() {
         Some(Event::Done { metrics, .. }) => metrics.clone(),
         other => panic!("{other:?}"),
     };
-    let a = done(&turn(&engine, &policy, Some(&sessions), "chat", "My name is Alice. Say hello to me.", Some("s1"), CancellationToken::new()).await);
+    let a = done(
+        &turn(
+            &engine,
+            &policy,
+            Some(&sessions),
+            "chat",
+            "My name is Alice. Say hello to me.",
+            Some("s1"),
+            CancellationToken::new(),
+        )
+        .await,
+    );
     assert_eq!(a.cached_tokens, 0);
-    let b = done(&turn(&engine, &policy, Some(&sessions), "chat", "What is my name?", Some("s1"), CancellationToken::new()).await);
+    let b = done(
+        &turn(&engine, &policy, Some(&sessions), "chat", "What is my name?", Some("s1"), CancellationToken::new())
+            .await,
+    );
     // The first turn's prompt and reply are still in the context: only the new turn is prefilled.
     assert_eq!(b.cached_tokens, a.prompt_tokens + a.generated_tokens, "turn 1: {a:?}\nturn 2: {b:?}");
     assert!(b.prompt_tokens - b.cached_tokens < 20, "{b:?}");
     // Another session does not see it.
-    let c = done(&turn(&engine, &policy, Some(&sessions), "chat", "What is my name?", Some("s2"), CancellationToken::new()).await);
+    let c = done(
+        &turn(&engine, &policy, Some(&sessions), "chat", "What is my name?", Some("s2"), CancellationToken::new())
+            .await,
+    );
     assert!(c.prompt_tokens < b.prompt_tokens);
 }
 
@@ -185,7 +226,9 @@ async fn cancel_during_the_guard_and_during_the_thinker() {
     };
     let c2 = cancel.clone();
     let e2 = engine.clone();
-    let run = tokio::spawn(async move { run_turn(&p, input, Engines { llm: &e2, policy: &GuardPolicy::default(), sessions: None }, c2, tx).await });
+    let run = tokio::spawn(async move {
+        run_turn(&p, input, Engines { llm: &e2, policy: &GuardPolicy::default(), sessions: None }, c2, tx).await
+    });
     let mut sentences = 0;
     let last = loop {
         match rx.recv().await.unwrap() {
@@ -206,10 +249,23 @@ async fn cancel_during_the_guard_and_during_the_thinker() {
     // Disconnect (the event receiver dropped) during the Thinker: the engine is free at once.
     let p = Registry::builtin().get("guarded-chat").unwrap().clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let input = TurnInput { text: "Write a very long essay about rivers.".into(), options: GenerateOptions { max_tokens: Some(400), ..Default::default() }, ..Default::default() };
+    let input = TurnInput {
+        text: "Write a very long essay about rivers.".into(),
+        options: GenerateOptions { max_tokens: Some(400), ..Default::default() },
+        ..Default::default()
+    };
     let e3 = engine.clone();
     let thinker_tokens_before = engine.generated_tokens("thinker").unwrap();
-    let run = tokio::spawn(async move { run_turn(&p, input, Engines { llm: &e3, policy: &GuardPolicy::default(), sessions: None }, CancellationToken::new(), tx).await });
+    let run = tokio::spawn(async move {
+        run_turn(
+            &p,
+            input,
+            Engines { llm: &e3, policy: &GuardPolicy::default(), sessions: None },
+            CancellationToken::new(),
+            tx,
+        )
+        .await
+    });
     while !matches!(rx.recv().await, Some(Event::Verdict { .. })) {}
     drop(rx);
     let t = std::time::Instant::now();

@@ -3,9 +3,11 @@
 use std::io::Write;
 use std::time::Instant;
 
-use kazeia_daemon::engine::{Engine, LoadError};
+use kazeia_engine::{Engine, LoadError};
 use kazeia_ipc::{ErrorCode, Event, StopReason};
-use kazeia_pipelines::{run_turn, ChatMessage, Engines, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, Registry, TurnInput};
+use kazeia_pipelines::{
+    run_turn, ChatMessage, Engines, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, Registry, TurnInput,
+};
 use kazeia_tests::{config, model_toml, smollm2};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -13,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 fn load(engine: &Engine, toml: &str, role: &str) -> Result<(), LoadError> {
     let c = config(toml);
     let m = c.model(role).unwrap().clone();
-    engine.load(&m, c.model_path(&m), Box::new(|_| {})).map(|_| ())
+    engine.load(&m.role_params(), c.model_path(&m), Box::new(|_| {})).map(|_| ())
 }
 
 async fn collect(mut rx: mpsc::UnboundedReceiver<GenEvent>) -> (Vec<GenEvent>, GenSummary) {
@@ -42,7 +44,14 @@ async fn greedy_answer_names_paris() {
         options: GenerateOptions { temperature: Some(0.0), ..Default::default() },
         ..Default::default()
     };
-    run_turn(&pipeline, input, Engines { llm: &engine, policy: &kazeia_pipelines::GuardPolicy::default(), sessions: None }, CancellationToken::new(), tx).await;
+    run_turn(
+        &pipeline,
+        input,
+        Engines { llm: &engine, policy: &kazeia_pipelines::GuardPolicy::default(), sessions: None },
+        CancellationToken::new(),
+        tx,
+    )
+    .await;
     let mut reply = String::new();
     let mut done = None;
     while let Some(ev) = rx.recv().await {
@@ -100,8 +109,10 @@ async fn cancel_during_generation_lands_within_one_token() {
     let engine = Engine::new();
     load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 1024"), "thinker").unwrap();
     let cancel = CancellationToken::new();
-    let opts = GenerateOptions { max_tokens: Some(400), ignore_eos: true, temperature: Some(0.8), ..Default::default() };
-    let mut rx = engine.generate(req("thinker", "Tell me a very long story about a dragon.", opts), cancel.clone()).unwrap();
+    let opts =
+        GenerateOptions { max_tokens: Some(400), ignore_eos: true, temperature: Some(0.8), ..Default::default() };
+    let mut rx =
+        engine.generate(req("thinker", "Tell me a very long story about a dragon.", opts), cancel.clone()).unwrap();
     let mut tokens = 0;
     let mut t_cancel = None;
     let mut after_cancel = 0;
@@ -143,7 +154,12 @@ async fn dropped_listener_stops_generation() {
     let abandoned = engine.generated_tokens("thinker").unwrap();
     assert!(abandoned < 400, "the abandoned request generated {abandoned} tokens");
     // The role serves the next request.
-    let rx = engine.generate(req("thinker", "Say hi.", GenerateOptions { max_tokens: Some(4), ..Default::default() }), CancellationToken::new()).unwrap();
+    let rx = engine
+        .generate(
+            req("thinker", "Say hi.", GenerateOptions { max_tokens: Some(4), ..Default::default() }),
+            CancellationToken::new(),
+        )
+        .unwrap();
     let (_, s) = collect(rx).await;
     assert!(s.metrics.generated_tokens <= 4);
     // The role counts a job's tokens once the job is over, just after its last event.
@@ -183,7 +199,12 @@ fn bad_model_files_are_named_and_the_engine_stays_usable() {
     load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 512"), "thinker").unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (_, s) = rt.block_on(async {
-        let rx = engine.generate(req("thinker", "Hi", GenerateOptions { max_tokens: Some(3), ..Default::default() }), CancellationToken::new()).unwrap();
+        let rx = engine
+            .generate(
+                req("thinker", "Hi", GenerateOptions { max_tokens: Some(3), ..Default::default() }),
+                CancellationToken::new(),
+            )
+            .unwrap();
         collect(rx).await
     });
     assert!(s.metrics.generated_tokens >= 1);
@@ -197,7 +218,9 @@ async fn unknown_role_and_context_overflow_are_clear_errors() {
     assert!(e.message.contains("ghost"));
 
     load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 256"), "thinker").unwrap();
-    let rx = engine.generate(req("thinker", &"word ".repeat(1000), GenerateOptions::default()), CancellationToken::new()).unwrap();
+    let rx = engine
+        .generate(req("thinker", &"word ".repeat(1000), GenerateOptions::default()), CancellationToken::new())
+        .unwrap();
     let mut rx = rx;
     let err = loop {
         if let GenEvent::Finished(r) = rx.recv().await.unwrap() {
@@ -252,7 +275,12 @@ async fn gemma3_base_model_loads_and_generates() {
     let info = engine.info("other").unwrap();
     assert_eq!(info.architecture, "gemma3");
     // No chat template in this base model: the text is the prompt.
-    let rx = engine.generate(req("other", "The capital of France is", GenerateOptions { max_tokens: Some(8), ..Default::default() }), CancellationToken::new()).unwrap();
+    let rx = engine
+        .generate(
+            req("other", "The capital of France is", GenerateOptions { max_tokens: Some(8), ..Default::default() }),
+            CancellationToken::new(),
+        )
+        .unwrap();
     let (_, s) = collect(rx).await;
     assert!(s.metrics.generated_tokens >= 1 && s.metrics.prompt_tokens >= 4, "{s:?}");
 }
@@ -264,23 +292,32 @@ async fn gemma3_base_model_loads_and_generates() {
 #[tokio::test(flavor = "multi_thread")]
 async fn qwen35_tiny_loads_and_generates_with_prefix_reuse() {
     let engine = Engine::new();
-    load(&engine, &model_toml("thinker", &kazeia_tests::qwen35_tiny(), "n_ctx = 1024\nn_ubatch = 128"), "thinker").unwrap();
+    load(&engine, &model_toml("thinker", &kazeia_tests::qwen35_tiny(), "n_ctx = 1024\nn_ubatch = 128"), "thinker")
+        .unwrap();
     let info = engine.info("thinker").unwrap();
     assert_eq!(info.architecture, "qwen35");
     let greedy = || GenerateOptions { max_tokens: Some(12), temperature: Some(0.0), ..Default::default() };
     let text = |rx| async move {
         let (evs, s) = collect(rx).await;
-        let t: String = evs.iter().filter_map(|e| if let GenEvent::Token { text, .. } = e { Some(text.clone()) } else { None }).collect();
+        let t: String = evs
+            .iter()
+            .filter_map(|e| if let GenEvent::Token { text, .. } = e { Some(text.clone()) } else { None })
+            .collect();
         (t, s)
     };
-    let a = engine.generate(req("thinker", "Tell me about the sea and the wind.", greedy()), CancellationToken::new()).unwrap();
+    let a = engine
+        .generate(req("thinker", "Tell me about the sea and the wind.", greedy()), CancellationToken::new())
+        .unwrap();
     let (first, s1) = text(a).await;
     assert!(s1.metrics.generated_tokens >= 1 && s1.metrics.prompt_tokens > 8, "{s1:?}");
     // Shares the chat template's head and the first words, then differs.
-    let b = engine.generate(req("thinker", "Tell me about the mountains.", greedy()), CancellationToken::new()).unwrap();
+    let b =
+        engine.generate(req("thinker", "Tell me about the mountains.", greedy()), CancellationToken::new()).unwrap();
     let (_, s2) = text(b).await;
     assert!(s2.metrics.generated_tokens >= 1, "{s2:?}");
-    let c = engine.generate(req("thinker", "Tell me about the sea and the wind.", greedy()), CancellationToken::new()).unwrap();
+    let c = engine
+        .generate(req("thinker", "Tell me about the sea and the wind.", greedy()), CancellationToken::new())
+        .unwrap();
     let (again, _) = text(c).await;
     assert_eq!(first, again, "same prompt, greedy: same output whatever the cache held");
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kazeia_daemon::config::Config;
-use kazeia_daemon::speech::{audio, voice_for, SpeechError, Transcriber, Voice};
+use kazeia_daemon::speech::{audio, voice_for, SpeechError, Voice};
 use kazeia_tests::{config, word_errors};
 
 /// Speech tests share the two cores: one at a time.
@@ -49,7 +49,7 @@ fn english_from_the_piper_voice_transcribes_within_10_percent_wer() {
     let c = cfg();
     let mut voice = voice_for(&c, "en").unwrap();
     assert!(voice.name().starts_with("piper"), "{}", voice.name());
-    let mut stt = Transcriber::load(&c).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let (mut errors, mut words) = (0, 0);
     for text in ENGLISH {
         let clip = speak(voice.as_mut(), text);
@@ -68,7 +68,7 @@ fn english_from_the_piper_voice_transcribes_within_10_percent_wer() {
 fn language_is_detected_among_the_configured_ones() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = cfg();
-    let mut stt = Transcriber::load(&c).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let en = speak(voice_for(&c, "en").unwrap().as_mut(), ENGLISH[0]);
     assert_eq!(stt.transcribe(&en, None, &|| false).unwrap().language, "en");
     let fr = speak(voice_for(&c, "fr").unwrap().as_mut(), FRENCH[2]);
@@ -81,7 +81,7 @@ fn french_from_espeak_matches_the_reference_implementation() {
     let c = cfg();
     let mut voice = voice_for(&c, "fr").unwrap();
     assert_eq!(voice.name(), "espeak-ng fr");
-    let mut stt = Transcriber::load(&c).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut files: Vec<PathBuf> = Vec::new();
     let mut ours = Vec::new();
@@ -112,7 +112,8 @@ fn french_from_espeak_matches_the_reference_implementation() {
 /// Transcripts by tools/reference-stt (faster-whisper on the same CTranslate2 weights).
 fn reference_stt(language: &str, files: &[PathBuf]) -> Vec<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/reference-stt");
-    let out = Command::new("python3").arg(&script).args(["--language", language]).args(files).output().expect("python3");
+    let out =
+        Command::new("python3").arg(&script).args(["--language", language]).args(files).output().expect("python3");
     assert!(out.status.success(), "reference-stt: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout)
         .unwrap()
@@ -136,7 +137,7 @@ fn vad_finds_the_utterance_bounds() {
     rec.extend(&b);
     let b_end = rec.len();
     rec.extend(silence(1.0));
-    let mut stt = Transcriber::load(&c).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let segs = stt.vad.segments(&rec).unwrap();
     eprintln!("truth {a_start}..{a_end} {b_start}..{b_end}; VAD {segs:?}");
     assert_eq!(segs.len(), 2, "{segs:?}");
@@ -161,7 +162,7 @@ fn audio_over_30_seconds_is_cut_at_pauses() {
             said.push(' ');
         }
     }
-    let mut stt = Transcriber::load(&c).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let windows = stt.windows(&rec).unwrap();
     assert!(windows.len() >= 2 && windows.iter().all(|w| w.end - w.start <= 30 * 16_000), "{windows:?}");
     let t = stt.transcribe(&rec, Some("en"), &|| false).unwrap();
@@ -183,7 +184,7 @@ fn a_corrupt_onnx_file_is_a_clear_error_and_text_keeps_working() {
     std::fs::write(stt.join("encoder.onnx"), b"\x08\x07 this is not a protobuf").unwrap();
     let mut c = good.clone();
     c.speech.stt = stt.clone();
-    match Transcriber::load(&c) {
+    match kazeia_daemon::speech::transcriber(&c) {
         Err(SpeechError::BadModel { path, message }) => {
             assert_eq!(path, stt.join("encoder.onnx"));
             assert!(!message.is_empty());
@@ -192,16 +193,20 @@ fn a_corrupt_onnx_file_is_a_clear_error_and_text_keeps_working() {
         Ok(_) => panic!("a corrupt encoder loaded"),
     }
     c.speech.stt = dir.path().join("nowhere");
-    assert!(matches!(Transcriber::load(&c), Err(SpeechError::Missing(_))));
+    assert!(matches!(kazeia_daemon::speech::transcriber(&c), Err(SpeechError::Missing(_))));
     // The text side is untouched: the LLM engine loads and answers in the same process.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         use kazeia_pipelines::{ChatMessage, GenEvent, GenerateOptions, GenerateRequest, Llm};
         let c = config(&kazeia_tests::model_toml("thinker", &kazeia_tests::smollm2(), "n_ctx = 512"));
-        let engine = kazeia_daemon::engine::Engine::new();
+        let engine = kazeia_engine::Engine::new();
         let m = c.model("thinker").unwrap().clone();
-        engine.load(&m, c.model_path(&m), Box::new(|_| {})).unwrap();
-        let req = GenerateRequest::new("thinker", vec![ChatMessage::new("user", "What is the capital of France?")], GenerateOptions { max_tokens: Some(12), temperature: Some(0.0), ..Default::default() });
+        engine.load(&m.role_params(), c.model_path(&m), Box::new(|_| {})).unwrap();
+        let req = GenerateRequest::new(
+            "thinker",
+            vec![ChatMessage::new("user", "What is the capital of France?")],
+            GenerateOptions { max_tokens: Some(12), temperature: Some(0.0), ..Default::default() },
+        );
         let mut rx = engine.generate(req, tokio_util::sync::CancellationToken::new()).unwrap();
         let mut text = String::new();
         while let Some(ev) = rx.recv().await {

@@ -4,13 +4,13 @@
 //! it from filling is disconnected (the engine is never made to wait for a socket). When a
 //! connection ends for any reason, every turn it started is cancelled.
 
-use std::sync::atomic::Ordering;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use kazeia_ipc::{Event, ErrorCode, Frame, FrameCodec, FrameError, Limits, Request, PROTOCOL_VERSION};
+use kazeia_ipc::{ErrorCode, Event, Frame, FrameCodec, FrameError, Limits, Request, PROTOCOL_VERSION};
 use kazeia_pipelines::{run_turn, Engines, GenerateOptions, TurnInput};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -41,7 +41,10 @@ impl Outbox {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 if !self.overflow.is_cancelled() {
-                    tracing::warn!(conn = self.conn, "client reads too slowly: its buffer of frames is full, closing the connection");
+                    tracing::warn!(
+                        conn = self.conn,
+                        "client reads too slowly: its buffer of frames is full, closing the connection"
+                    );
                     self.overflow.cancel();
                 }
             }
@@ -66,7 +69,8 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     let conn = sup.next_conn_id();
     let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
     let own = unsafe { libc::geteuid() };
-    let allowed = if sup.config.daemon.allow_uids.is_empty() { uid == own } else { sup.config.daemon.allow_uids.contains(&uid) };
+    let allowed =
+        if sup.config.daemon.allow_uids.is_empty() { uid == own } else { sup.config.daemon.allow_uids.contains(&uid) };
     let max_frame = sup.config.daemon.max_frame;
     if let Some(bytes) = sup.config.daemon.socket_send_buffer {
         set_send_buffer(&stream, bytes);
@@ -74,7 +78,11 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     let mut framed = Framed::new(stream, FrameCodec::new(max_frame));
     if !allowed {
         tracing::warn!(conn, uid, "refused a peer whose uid is not allowed");
-        let ev = Event::Error { id: None, code: ErrorCode::PermissionDenied, message: format!("uid {uid} may not use this daemon") };
+        let ev = Event::Error {
+            id: None,
+            code: ErrorCode::PermissionDenied,
+            message: format!("uid {uid} may not use this daemon"),
+        };
         let _ = framed.send(Frame::event(&ev)).await;
         return;
     }
@@ -89,7 +97,14 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
                 let welcome = Event::Welcome {
                     protocol: PROTOCOL_VERSION,
                     server: format!("kazeia {}", env!("CARGO_PKG_VERSION")),
-                    capabilities: vec!["text".into(), "audio".into(), "cancel".into(), "status".into(), "load".into(), "subscribe".into()],
+                    capabilities: vec![
+                        "text".into(),
+                        "audio".into(),
+                        "cancel".into(),
+                        "status".into(),
+                        "load".into(),
+                        "subscribe".into(),
+                    ],
                     limits: Limits {
                         max_frame,
                         queue_per_model: sup.config.daemon.queue_per_model,
@@ -173,7 +188,13 @@ fn set_send_buffer(stream: &UnixStream, bytes: usize) {
     let v = bytes as libc::c_int;
     // SAFETY: a valid socket fd and a c_int option value of the right size.
     let r = unsafe {
-        libc::setsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, (&v as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
     };
     if r != 0 {
         tracing::warn!("SO_SNDBUF {bytes}: {}", std::io::Error::last_os_error());
@@ -197,18 +218,34 @@ fn on_audio(out: &Outbox, audio: &AudioTurns, a: kazeia_ipc::AudioFrame) {
         return out.error(Some(a.id), ErrorCode::NoAudioRequest, msg);
     };
     if !input.matches(&a) {
-        return out.error(Some(a.id), ErrorCode::BadFrame, "audio frame with another rate or channel count than the turn's `audio`");
+        return out.error(
+            Some(a.id),
+            ErrorCode::BadFrame,
+            "audio frame with another rate or channel count than the turn's `audio`",
+        );
     }
     if !input.push(&a) && !input.overrun {
         input.overrun = true;
-        out.error(Some(a.id), ErrorCode::Busy, "audio overrun: the speech thread is more than 20 s behind; samples were dropped");
+        out.error(
+            Some(a.id),
+            ErrorCode::Busy,
+            "audio overrun: the speech thread is more than 20 s behind; samples were dropped",
+        );
     }
 }
 
 /// Register a speech turn (duplicate ids refused) and accept it: its cancel token and a sender
 /// of frames to this connection.
 #[allow(clippy::type_complexity)]
-fn begin_speech_turn(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, conn: u64, uid: u32, id: &str, pipeline: &str) -> Option<(CancellationToken, Arc<dyn Fn(Frame) + Send + Sync>)> {
+fn begin_speech_turn(
+    sup: &Arc<Supervisor>,
+    out: &Outbox,
+    conn_cancel: &CancellationToken,
+    conn: u64,
+    uid: u32,
+    id: &str,
+    pipeline: &str,
+) -> Option<(CancellationToken, Arc<dyn Fn(Frame) + Send + Sync>)> {
     let cancel = conn_cancel.child_token();
     if !sup.add_turn(conn, id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
         out.error(Some(id.to_string()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
@@ -223,7 +260,16 @@ fn begin_speech_turn(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &Cancella
 const AUDIO_PIPELINES: &[&str] = &["transcribe", "voice"];
 
 #[allow(clippy::too_many_arguments)]
-fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken, tasks: &mut JoinSet<()>, audio: &AudioTurns, conn: u64, uid: u32, b: &[u8]) {
+fn on_json(
+    sup: &Arc<Supervisor>,
+    out: &Outbox,
+    conn_cancel: &CancellationToken,
+    tasks: &mut JoinSet<()>,
+    audio: &AudioTurns,
+    conn: u64,
+    uid: u32,
+    b: &[u8],
+) {
     let req = match kazeia_ipc::parse_request(b) {
         Ok(r) => r,
         Err(e) => return out.error(e.id, e.code, e.message),
@@ -278,13 +324,19 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 return out.error(Some(id), ErrorCode::ShuttingDown, "the daemon is shutting down");
             }
             if sup.pressure() == kazeia_memory_budget::pressure::Level::Critical {
-                return out.error(Some(id), ErrorCode::MemoryPressure, "critical memory pressure: new turns are refused until it eases");
+                return out.error(
+                    Some(id),
+                    ErrorCode::MemoryPressure,
+                    "critical memory pressure: new turns are refused until it eases",
+                );
             }
             if pipeline == "speak" {
                 let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
                     return out.error(Some(id), ErrorCode::BadRequest, "speak takes `text`");
                 };
-                let Some((cancel, send)) = begin_speech_turn(sup, out, conn_cancel, conn, uid, &id, &pipeline) else { return };
+                let Some((cancel, send)) = begin_speech_turn(sup, out, conn_cancel, conn, uid, &id, &pipeline) else {
+                    return;
+                };
                 let done = {
                     let (sup, id) = (sup.clone(), id.clone());
                     Box::new(move || sup.remove_turn(conn, &id))
@@ -298,7 +350,9 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 if spec.sample_rate < 8_000 || spec.channels == 0 {
                     return out.error(Some(id), ErrorCode::BadRequest, "audio: sample_rate >= 8000 and channels >= 1");
                 }
-                let Some((cancel, send)) = begin_speech_turn(sup, out, conn_cancel, conn, uid, &id, &pipeline) else { return };
+                let Some((cancel, send)) = begin_speech_turn(sup, out, conn_cancel, conn, uid, &id, &pipeline) else {
+                    return;
+                };
                 let done = {
                     let (sup, audio, id) = (sup.clone(), audio.clone(), id.clone());
                     Box::new(move || {
@@ -306,7 +360,16 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                         sup.remove_turn(conn, &id);
                     })
                 };
-                let input = super::voice::start(sup.clone(), id.clone(), pipeline == "voice", spec.sample_rate, u16::from(spec.channels), cancel, send, done);
+                let input = super::voice::start(
+                    sup.clone(),
+                    id.clone(),
+                    pipeline == "voice",
+                    spec.sample_rate,
+                    u16::from(spec.channels),
+                    cancel,
+                    send,
+                    done,
+                );
                 audio.lock().expect("audio turns").insert(id, input);
                 return;
             }
@@ -317,7 +380,13 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
             let audio = audio_spec;
             let text = match (text, audio) {
                 (Some(t), None) => t,
-                (_, Some(_)) => return out.error(Some(id), ErrorCode::BadRequest, format!("pipeline {:?} does not take audio", pipeline.name)),
+                (_, Some(_)) => {
+                    return out.error(
+                        Some(id),
+                        ErrorCode::BadRequest,
+                        format!("pipeline {:?} does not take audio", pipeline.name),
+                    )
+                }
                 (None, None) => return out.error(Some(id), ErrorCode::BadRequest, "a turn needs text or audio"),
             };
             // Admission: a role already holding its running turn and a full queue answers busy
@@ -328,7 +397,11 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
             };
             let cancel = conn_cancel.child_token();
             if !sup.add_turn(conn, &id, TurnEntry { conn, uid, cancel: cancel.clone() }) {
-                return out.error(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+                return out.error(
+                    Some(id.clone()),
+                    ErrorCode::DuplicateId,
+                    format!("request {id:?} is already running"),
+                );
             }
             out.send(&Event::Accepted { id: id.clone(), pipeline: pipeline.name.clone() });
             let (sup, out) = (sup.clone(), out.clone());
@@ -344,7 +417,12 @@ fn on_json(sup: &Arc<Supervisor>, out: &Outbox, conn_cancel: &CancellationToken,
                 let input = TurnInput {
                     id: Some(id.clone()),
                     text,
-                    options: GenerateOptions { temperature: options.temperature, seed: options.seed, max_tokens: options.max_tokens, ignore_eos: false },
+                    options: GenerateOptions {
+                        temperature: options.temperature,
+                        seed: options.seed,
+                        max_tokens: options.max_tokens,
+                        ignore_eos: false,
+                    },
                     session,
                 };
                 let (tx, mut rx) = mpsc::unbounded_channel();

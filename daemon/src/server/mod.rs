@@ -4,9 +4,9 @@
 //! turns finish within the grace time, cancel the rest, close connections, unload the models,
 //! remove the socket file.
 
+pub mod connection;
 pub mod dbus;
 mod heap;
-pub mod connection;
 pub mod socket;
 pub mod supervisor;
 pub mod voice;
@@ -101,13 +101,21 @@ fn apply_htp_sessions(config: &Config) {
         return;
     }
     let Ok(plan) = crate::plan::plan(config) else { return };
-    if let Some(devices) = plan.models.iter().filter_map(|m| m.htp_devices.clone()).max_by_key(|d| d.split(',').count()) {
+    if let Some(devices) = plan.models.iter().filter_map(|m| m.htp_devices.clone()).max_by_key(|d| d.split(',').count())
+    {
         tracing::info!(%devices, "GGML_HEXAGON_DEVICES from the memory plan");
         std::env::set_var("GGML_HEXAGON_DEVICES", devices);
     }
 }
 
-async fn shutdown(sup: Arc<Supervisor>, bound: socket::Bound, closing: CancellationToken, mut conns: JoinSet<()>, grace: Duration, why: &str) {
+async fn shutdown(
+    sup: Arc<Supervisor>,
+    bound: socket::Bound,
+    closing: CancellationToken,
+    mut conns: JoinSet<()>,
+    grace: Duration,
+    why: &str,
+) {
     sup.stopping.cancel();
     // Logged once new turns are refused: whoever reads this line may rely on it.
     tracing::info!("{why}: shutting down");

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use kazeia_memory_budget::pressure::{self, Level, Watermarks};
 
 use crate::config::Config;
-use crate::engine::Engine;
+use kazeia_engine::Engine;
 
 #[derive(Debug, Clone)]
 struct RoleState {
@@ -91,7 +91,8 @@ impl Supervisor {
         // Admission is by lease (see [`Lease`]); the engine's own bound is a backstop sized so
         // that admitted turns never reach it (a turn may have two jobs on one role at once).
         let backstop = 2 * (config.daemon.queue_per_model + 1);
-        let engine = Engine::new().with_queue_capacity(backstop).with_exclusive_compute(config.daemon.exclusive_compute);
+        let engine =
+            Engine::new().with_queue_capacity(backstop).with_exclusive_compute(config.daemon.exclusive_compute);
         let roles = config
             .models
             .iter()
@@ -170,7 +171,8 @@ impl Supervisor {
             self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
             LlmError::new(ErrorCode::ModelFile, e.to_string())
         })?;
-        let est = kazeia_memory_budget::estimate(&header, &cfg.context_params()).map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
+        let est = kazeia_memory_budget::estimate(&header, &cfg.context_params())
+            .map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
         let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
         let file_weights = est.weights_bytes + est.repack_bytes;
         let context_bytes = est.kv_bytes + est.recurrent_bytes + est.compute_bytes + est.overhead_bytes;
@@ -187,7 +189,7 @@ impl Supervisor {
         self.set_role(role, ModelState::Loading, Some(0.0), None);
         let engine = self.engine.clone();
         let rss_before = rss_bytes();
-        let result = tokio::task::spawn_blocking(move || engine.load(&cfg, path, Box::new(progress)))
+        let result = tokio::task::spawn_blocking(move || engine.load(&cfg.role_params(), path, Box::new(progress)))
             .await
             .map_err(|e| LlmError::new(ErrorCode::Engine, format!("load task: {e}")))?;
         match result {
@@ -196,7 +198,14 @@ impl Supervisor {
                 // anonymous memory, so RSS covers them (Pss would be equal for this process).
                 let measured = rss_before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
                 let priority = self.config.model(role).map(|m| m.priority).unwrap_or(0);
-                self.ledger.lock().expect("ledger").insert(role, &file, priority, file_weights, context_bytes, measured);
+                self.ledger.lock().expect("ledger").insert(
+                    role,
+                    &file,
+                    priority,
+                    file_weights,
+                    context_bytes,
+                    measured,
+                );
                 self.set_role(role, ModelState::Loaded, None, None);
                 Ok(())
             }
@@ -228,9 +237,13 @@ impl Supervisor {
     /// models below the highest priority; under critical pressure also refuse new turns (see
     /// [`Supervisor::pressure`]). Subscribers hear of every change of level.
     pub async fn pressure_tick(&self) -> Level {
-        let Ok(sample) = kazeia_memory_budget::pressure::sample() else { return self.pressure() };
+        let Ok(sample) = pressure::sample() else { return self.pressure() };
         let b = &self.config.budget;
-        let marks = Watermarks { low_available: b.low_watermark, critical_available: b.critical_watermark, budget: b.budget_bytes() };
+        let marks = Watermarks {
+            low_available: b.low_watermark,
+            critical_available: b.critical_watermark,
+            budget: b.budget_bytes(),
+        };
         let level = pressure::level(&sample, &marks);
         let changed = std::mem::replace(&mut *self.pressure.lock().expect("pressure"), level) != level;
         if changed {
@@ -342,11 +355,16 @@ impl Supervisor {
             return Ok(s.clone());
         }
         // The STT row of the plan (file sizes only: no GGUF header is read here).
-        let need: u64 = crate::plan::speech_plans(&self.config).iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
+        let need: u64 =
+            crate::plan::speech_plans(&self.config).iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
         let refused = self.ledger.lock().expect("ledger").admit("speech", need, 95, |_| true);
         match refused {
             Ok(v) if v.is_empty() => {}
-            Ok(_) => return Err(crate::speech::SpeechError::Run(format!("over budget: speech needs {need} B and would have to evict a language model"))),
+            Ok(_) => {
+                return Err(crate::speech::SpeechError::Run(format!(
+                    "over budget: speech needs {need} B and would have to evict a language model"
+                )))
+            }
             Err(r) => return Err(crate::speech::SpeechError::Run(format!("over budget: {r}"))),
         }
         let before = rss_bytes();
@@ -364,27 +382,32 @@ impl Supervisor {
         let loaded = self.speech.lock().expect("speech").clone();
         let entry = ledger.get("speech");
         let sp = &self.config.speech;
-        let row = |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
-            role: role.into(),
-            state: if loaded.is_some() { ModelState::Loaded } else { ModelState::Unloaded },
-            file,
-            architecture: Some("onnx".into()),
-            file_bytes: None,
-            device,
-            placement: placement.or_else(|| Some("loaded by the first audio turn".into())),
-            shares_model_with: vec![],
-            busy: 0,
-            turns: 0,
-            generated_tokens: 0,
-            reserved_bytes: if first { entry.map(|e| e.reserved) } else { None },
-            measured_bytes: if first { entry.and_then(|e| e.measured) } else { None },
-            progress: None,
-            error: None,
-        };
+        let row =
+            |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
+                role: role.into(),
+                state: if loaded.is_some() { ModelState::Loaded } else { ModelState::Unloaded },
+                file,
+                architecture: Some("onnx".into()),
+                file_bytes: None,
+                device,
+                placement: placement.or_else(|| Some("loaded by the first audio turn".into())),
+                shares_model_with: vec![],
+                busy: 0,
+                turns: 0,
+                generated_tokens: 0,
+                reserved_bytes: if first { entry.map(|e| e.reserved) } else { None },
+                measured_bytes: if first { entry.and_then(|e| e.measured) } else { None },
+                progress: None,
+                error: None,
+            };
         let (stt_dev, stt_why, vad_dev) = match &loaded {
             Some(s) => {
                 let t = s.stt.lock().expect("stt");
-                (Some(t.whisper.placement.device.clone()), Some(t.whisper.placement.reason.clone()), Some(t.vad.placement.device.clone()))
+                (
+                    Some(t.whisper.placement.device.clone()),
+                    Some(t.whisper.placement.reason.clone()),
+                    Some(t.vad.placement.device.clone()),
+                )
             }
             None => (None, None, None),
         };
@@ -393,7 +416,17 @@ impl Supervisor {
             row("vad", self.config.cache_path(&sp.vad).display().to_string(), vad_dev, stt_why, false),
         ];
         for (lang, v) in &sp.voices {
-            rows.push(row(&format!("tts-{lang}"), v.clone(), None, Some(if v.starts_with("espeak:") { "espeak-ng (CPU), loaded on first use".into() } else { "ONNX, loaded on first use".into() }), false));
+            rows.push(row(
+                &format!("tts-{lang}"),
+                v.clone(),
+                None,
+                Some(if v.starts_with("espeak:") {
+                    "espeak-ng (CPU), loaded on first use".into()
+                } else {
+                    "ONNX, loaded on first use".into()
+                }),
+                false,
+            ));
         }
         rows
     }
@@ -412,9 +445,14 @@ impl Supervisor {
             .models
             .iter()
             .map(|m| {
-                let st = roles.get(&m.role).cloned().unwrap_or(RoleState { state: ModelState::Unloaded, progress: None, error: None });
+                let st = roles.get(&m.role).cloned().unwrap_or(RoleState {
+                    state: ModelState::Unloaded,
+                    progress: None,
+                    error: None,
+                });
                 let info = self.engine.info(&m.role);
-                let placement = info.as_ref().map(|i| i.placement.clone()).unwrap_or_else(|| crate::engine::place(m.backend));
+                let placement =
+                    info.as_ref().map(|i| i.placement.clone()).unwrap_or_else(|| kazeia_engine::place(m.backend));
                 ModelStatus {
                     role: m.role.clone(),
                     state: st.state,
@@ -443,7 +481,12 @@ impl Supervisor {
             uptime_s: self.started.elapsed().as_secs_f64(),
             connections: self.connections.load(Ordering::Relaxed),
             turns_running: self.turns_running(),
-            pipelines: self.registry.names().map(str::to_string).chain(["transcribe".to_string(), "speak".to_string(), "voice".to_string()]).collect(),
+            pipelines: self
+                .registry
+                .names()
+                .map(str::to_string)
+                .chain(["transcribe".to_string(), "speak".to_string(), "voice".to_string()])
+                .collect(),
             budget_bytes: ledger.budget,
             pressure: format!("{:?}", self.pressure()).to_lowercase(),
             reserved_bytes: ledger.used(),

@@ -15,10 +15,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio_util::bytes::Bytes;
 use kazeia_ipc::{AudioFrame, ErrorCode, Event, Frame, StopReason};
 use ringbuf::traits::{Consumer, Observer, Producer, Split};
 use ringbuf::{HeapCons, HeapProd, HeapRb};
+use tokio_util::bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::Supervisor;
@@ -33,7 +33,7 @@ pub struct SpeechStack {
 
 impl SpeechStack {
     pub fn load(sup: &Supervisor) -> Result<SpeechStack, SpeechError> {
-        let stt = Transcriber::load(&sup.config)?;
+        let stt = crate::speech::transcriber(&sup.config)?;
         Ok(SpeechStack { stt: Mutex::new(stt), voices: Mutex::new(Default::default()) })
     }
 
@@ -85,6 +85,7 @@ enum Heard {
 
 /// Start an audio turn; returns the input the connection feeds. `send` delivers events and
 /// audio frames to the client; the turn ends (and `done` is called) by itself.
+#[allow(clippy::too_many_arguments)] // Goes with the turn lifecycle (issue: one `Turn`).
 pub fn start(
     sup: Arc<Supervisor>,
     id: String,
@@ -117,11 +118,19 @@ pub fn start(
                 return done();
             }
             Err(_) => {
-                ev(Event::Error { id: Some(id.clone()), code: ErrorCode::Engine, message: "the audio thread stopped".into() });
+                ev(Event::Error {
+                    id: Some(id.clone()),
+                    code: ErrorCode::Engine,
+                    message: "the audio thread stopped".into(),
+                });
                 return done();
             }
         };
-        ev(Event::Transcript { id: Some(id.clone()), text: heard.text.clone(), language: Some(heard.language.clone()) });
+        ev(Event::Transcript {
+            id: Some(id.clone()),
+            text: heard.text.clone(),
+            language: Some(heard.language.clone()),
+        });
         if !speak || cancel.is_cancelled() {
             let stop = if cancel.is_cancelled() { StopReason::Cancelled } else { StopReason::Eos };
             ev(Event::Done { id: Some(id.clone()), stop, metrics: Default::default() });
@@ -135,7 +144,14 @@ pub fn start(
 
 /// The speech thread: VAD over the ring until the utterance ends, then Whisper; then, while
 /// the reply runs, keep listening for barge-in.
-fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>, cancel: CancellationToken, reply_cancel: CancellationToken, heard: tokio::sync::oneshot::Sender<Heard>) {
+fn listen(
+    sup: Arc<Supervisor>,
+    mut ring: HeapCons<f32>,
+    ended: Arc<AtomicBool>,
+    cancel: CancellationToken,
+    reply_cancel: CancellationToken,
+    heard: tokio::sync::oneshot::Sender<Heard>,
+) {
     let stack = match sup.speech() {
         Ok(s) => s,
         Err(e) => {
@@ -239,7 +255,13 @@ fn listen(sup: Arc<Supervisor>, mut ring: HeapCons<f32>, ended: Arc<AtomicBool>,
 }
 
 /// The guarded reply to what was heard, spoken sentence by sentence.
-async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcript, cancel: CancellationToken, send: Arc<dyn Fn(Frame) + Send + Sync>) {
+async fn reply(
+    sup: Arc<Supervisor>,
+    id: String,
+    heard: crate::speech::Transcript,
+    cancel: CancellationToken,
+    send: Arc<dyn Fn(Frame) + Send + Sync>,
+) {
     let ev = |e: Event| send(Frame::event(&e));
     let pipeline = match sup.registry.get("guarded-chat") {
         Ok(p) => p.clone(),
@@ -270,7 +292,13 @@ async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcrip
                             if cancel.is_cancelled() {
                                 return;
                             }
-                            send(Frame::Audio(AudioFrame { id: id.clone(), sample_rate: rate, channels: 1, last: false, pcm: Bytes::from(audio::to_s16le(chunk)) }));
+                            send(Frame::Audio(AudioFrame {
+                                id: id.clone(),
+                                sample_rate: rate,
+                                channels: 1,
+                                last: false,
+                                pcm: Bytes::from(audio::to_s16le(chunk)),
+                            }));
                         }
                     }
                     Err(e) => tracing::warn!("TTS failed: {e}"),
@@ -281,7 +309,12 @@ async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcrip
             }
         })
     };
-    let input = kazeia_pipelines::TurnInput { id: Some(id.clone()), text: heard.text, options: Default::default(), session: None };
+    let input = kazeia_pipelines::TurnInput {
+        id: Some(id.clone()),
+        text: heard.text,
+        options: Default::default(),
+        session: None,
+    };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let forward = async {
         while let Some(e) = rx.recv().await {
@@ -308,10 +341,19 @@ async fn reply(sup: Arc<Supervisor>, id: String, heard: crate::speech::Transcrip
 
 /// `speak` over the socket: text in, the voice's audio frames out (sentence by sentence, the
 /// last frame flagged), then `done`. Stopped between frames by a cancel.
-pub fn speak(sup: Arc<Supervisor>, id: String, text: String, language: Option<String>, cancel: CancellationToken, send: Arc<dyn Fn(Frame) + Send + Sync>, done: Box<dyn FnOnce() + Send>) {
+pub fn speak(
+    sup: Arc<Supervisor>,
+    id: String,
+    text: String,
+    language: Option<String>,
+    cancel: CancellationToken,
+    send: Arc<dyn Fn(Frame) + Send + Sync>,
+    done: Box<dyn FnOnce() + Send>,
+) {
     std::thread::spawn(move || {
         let ev = |e: Event| send(Frame::event(&e));
-        let language = language.unwrap_or_else(|| sup.config.speech.reply_language(kazeia_pipelines::guard::detect_language(&text)));
+        let language = language
+            .unwrap_or_else(|| sup.config.speech.reply_language(kazeia_pipelines::guard::detect_language(&text)));
         let result = (|| -> Result<bool, SpeechError> {
             let stack = sup.speech()?;
             let mut rate = 22_050;
@@ -322,10 +364,22 @@ pub fn speak(sup: Arc<Supervisor>, id: String, text: String, language: Option<St
                     if cancel.is_cancelled() {
                         return Ok(false);
                     }
-                    send(Frame::Audio(AudioFrame { id: id.clone(), sample_rate: r, channels: 1, last: false, pcm: Bytes::from(audio::to_s16le(chunk)) }));
+                    send(Frame::Audio(AudioFrame {
+                        id: id.clone(),
+                        sample_rate: r,
+                        channels: 1,
+                        last: false,
+                        pcm: Bytes::from(audio::to_s16le(chunk)),
+                    }));
                 }
             }
-            send(Frame::Audio(AudioFrame { id: id.clone(), sample_rate: rate, channels: 1, last: true, pcm: Bytes::new() }));
+            send(Frame::Audio(AudioFrame {
+                id: id.clone(),
+                sample_rate: rate,
+                channels: 1,
+                last: true,
+                pcm: Bytes::new(),
+            }));
             Ok(true)
         })();
         match result {

@@ -20,7 +20,9 @@ pub fn smollm2() -> PathBuf {
 }
 
 fn dirs_cache() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"))
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"))
 }
 
 /// The daemons of this file's tests run one at a time: each uses both cores, and the tests
@@ -69,7 +71,11 @@ impl Daemon {
     /// log once and conclude.
     #[track_caller]
     pub fn wait_log(&self, needle: &str) {
-        wait_until(&format!("{needle:?} in the daemon's log"), || self.stderr.lock().unwrap().contains(needle), || self.log());
+        wait_until(
+            &format!("{needle:?} in the daemon's log"),
+            || self.stderr.lock().unwrap().contains(needle),
+            || self.log(),
+        );
     }
 
     pub async fn client(&self) -> Client {
