@@ -7,3 +7,5 @@ pub mod plan;
 pub mod server;
 pub mod soak;
 pub mod speech;
+pub mod supervisor;
+pub mod turns;

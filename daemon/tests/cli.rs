@@ -63,6 +63,26 @@ fn bad_config_and_unknown_pipeline_are_error_events() {
     assert!(out.contains("\"code\":\"model_file\"") && out.contains("/nonexistent/m.gguf"), "{out}");
 }
 
+/// `kazeia run` goes through a supervisor of its own: a model over the budget is refused before
+/// it loads, with the daemon's code and listing.
+#[test]
+fn run_refuses_a_load_over_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tiny-budget.toml");
+    let model = repo().join("models.toml");
+    let base = std::fs::read_to_string(&model).unwrap();
+    let file = base.lines().find(|l| l.trim_start().starts_with("file")).expect("a model file").to_string();
+    let text = format!(
+        "[budget]\ndevice_ram = \"64MB\"\nreserve_os = 0\nreserve_app = 0\n\n[[model]]\nrole = \"thinker\"\n{file}\nthreads = 2\n"
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (code, out, _) = kazeia(&["run", "chat", "--text", "hi", "--json", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let ev: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(ev["code"], "over_budget", "{out}");
+    assert!(ev["message"].as_str().unwrap().contains("needed for thinker"), "{out}");
+}
+
 #[test]
 fn run_transcribe_json_gives_a_transcript_event() {
     // Speech made here: the Piper voice, through `kazeia run speak`.
@@ -82,8 +102,10 @@ fn run_transcribe_json_gives_a_transcript_event() {
     let (code, out, err) =
         kazeia(&["run", "transcribe", "--audio", wav.to_str().unwrap(), "--language", "en", "--json"]);
     assert_eq!(code, 0, "{err}");
-    let ev: serde_json::Value = serde_json::from_str(out.trim().lines().last().unwrap()).unwrap();
-    assert_eq!(ev["type"], "transcript");
+    // One event per line: the transcript, then done.
+    let events: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.last().unwrap()["type"], "done", "{out}");
+    let ev = events.iter().find(|e| e["type"] == "transcript").expect("a transcript event");
     // Piper samples noise: each rendering is heard a little differently (once "the 4th Friday"
     // for "before Friday", two edits). At most two words in eight may differ.
     let heard = ev["text"].as_str().unwrap();

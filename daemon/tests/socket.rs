@@ -336,7 +336,9 @@ fn stale_socket_is_replaced_and_live_socket_is_kept() {
     let (mut second, log) = common::spawn(&cfg, &d.socket);
     let code = second.wait().unwrap().code();
     assert_eq!(code, Some(1));
-    assert!(log.lock().unwrap().contains("already serving"), "{}", log.lock().unwrap());
+    // Its stderr is read by another thread: the line may trail the exit by a moment.
+    let said = || log.lock().unwrap().clone();
+    common::wait_until("\"already serving\" from the second daemon", || said().contains("already serving"), said);
     let mut s = raw(&d, true);
     write_frame(&mut s, 1, br#"{"type":"status","id":"1"}"#);
     assert_eq!(read_json(&mut s)["type"], "status");

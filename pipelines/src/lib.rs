@@ -7,7 +7,7 @@ pub mod runner;
 pub mod session;
 pub mod split;
 
-pub use definition::{Pipeline, PipelineError, Registry, Stage};
+pub use definition::{Pipeline, PipelineError, Plan, Registry, Stage};
 pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
 pub use kazeia_engine::api::{
     ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,

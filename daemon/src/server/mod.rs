@@ -6,10 +6,8 @@
 
 pub mod connection;
 pub mod dbus;
-mod heap;
+mod handlers;
 pub mod socket;
-pub mod supervisor;
-pub mod voice;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,13 +19,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+pub use crate::supervisor::Supervisor;
 pub use socket::{default_path, SocketError};
-pub use supervisor::Supervisor;
 
 pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
     let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
     let bound = socket::bind(&path)?;
-    heap::fix_mmap_threshold();
     apply_htp_sessions(&config);
     let grace = config.daemon.shutdown_grace;
     let preload = config.daemon.preload;
