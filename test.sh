@@ -9,5 +9,10 @@ cargo fmt --all --check
 cargo clippy --release --locked --workspace --all-targets -q -- -D warnings
 # The tools' own smoke modes: none breaks unseen.
 tools/stress-tests --smoke >/dev/null
+# The JVM client (clients/jvm): Debian's JDK 17 and JUnit 5, against a daemon it starts. Its
+# failure is reported after the Rust tests have run too.
+jvm=0
+clients/jvm/run-tests || jvm=$?
 # Every test binary runs even when one fails: a red run names all its failures at once.
 cargo test --release --locked --workspace --no-fail-fast
+exit "$jvm"

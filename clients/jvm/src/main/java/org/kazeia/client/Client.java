@@ -291,6 +291,7 @@ public final class Client implements AutoCloseable {
 
     /** Wait for a request's answer; on timeout the request is forgotten (its late answer goes to onEvent). */
     <T> T waitFor(CompletableFuture<T> f, Duration timeout, String id) {
+        notOnReader();
         try {
             return f.get(timeout.toMillis(), TimeUnit.MILLISECONDS);
         } catch (TimeoutException e) {
@@ -304,6 +305,13 @@ public final class Client implements AutoCloseable {
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             throw new KazeiaException(ErrorCode.TIMEOUT, "interrupted while waiting for " + id, id, e);
+        }
+    }
+
+    /** Blocking from a listener would wait for the thread that must deliver the answer. */
+    void notOnReader() {
+        if (Thread.currentThread() == reader) {
+            throw new IllegalStateException("blocking call from a Kazeia listener (the reader thread): hand it to another thread");
         }
     }
 

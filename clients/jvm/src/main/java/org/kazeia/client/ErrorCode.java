@@ -2,6 +2,9 @@
 // without typos, while any code the daemon adds later still passes through as a plain string.
 package org.kazeia.client;
 
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.HashSet;
 import java.util.Set;
 
 /** The protocol's error codes, and the few this library adds for failures on its own side. */
@@ -44,10 +47,10 @@ public final class ErrorCode {
     public static final String UNEXPECTED = "unexpected";
 
     /** Every code PROTOCOL.md §6 lists. */
-    public static final Set<String> PROTOCOL_CODES = Set.of(BAD_CONFIG, MODEL_FILE, LOAD_FAILED, NO_MODEL,
+    public static final Set<String> PROTOCOL_CODES = Collections.unmodifiableSet(new HashSet<>(Arrays.asList(BAD_CONFIG, MODEL_FILE, LOAD_FAILED, NO_MODEL,
             CONTEXT_OVERFLOW, ENGINE, PIPELINE, BAD_REQUEST, BUSY, BAD_JSON, UNKNOWN_TYPE, BAD_FRAME,
             FRAME_TOO_LARGE, PROTOCOL_VERSION, HANDSHAKE_REQUIRED, NO_AUDIO_REQUEST, UNKNOWN_REQUEST,
-            DUPLICATE_ID, PERMISSION_DENIED, SHUTTING_DOWN, CANCELLED, MEMORY_PRESSURE, OVER_BUDGET);
+            DUPLICATE_ID, PERMISSION_DENIED, SHUTTING_DOWN, CANCELLED, MEMORY_PRESSURE, OVER_BUDGET)));
 
     /** Whether the daemon closes the connection after this error (or the connection is gone). */
     public static boolean closesConnection(String code) {

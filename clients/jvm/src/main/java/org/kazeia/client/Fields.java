@@ -11,7 +11,7 @@ final class Fields {
     private final Map<String, Object> m;
 
     Fields(Map<String, Object> m) {
-        this.m = m == null ? Map.of() : m;
+        this.m = m == null ? Collections.emptyMap() : m;
     }
 
     boolean has(String k) {
@@ -51,7 +51,7 @@ final class Fields {
     @SuppressWarnings("unchecked")
     Map<String, Object> obj(String k) {
         Object v = m.get(k);
-        return v instanceof Map ? Collections.unmodifiableMap((Map<String, Object>) v) : Map.of();
+        return v instanceof Map ? Collections.unmodifiableMap((Map<String, Object>) v) : Collections.emptyMap();
     }
 
     List<String> strings(String k) {
@@ -63,7 +63,7 @@ final class Fields {
                 }
             }
         }
-        return List.copyOf(out);
+        return Collections.unmodifiableList(out);
     }
 
     @SuppressWarnings("unchecked")

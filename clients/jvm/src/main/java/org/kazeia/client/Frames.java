@@ -2,6 +2,7 @@
 // (0x01 JSON, 0x02 audio) and the body; audio bodies carry id, rate, channels, flags, PCM.
 package org.kazeia.client;
 
+import java.nio.Buffer;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.CharacterCodingException;
@@ -69,7 +70,7 @@ final class Frames {
         } catch (CharacterCodingException e) {
             throw new KazeiaException(ErrorCode.BAD_FRAME, "audio id is not UTF-8");
         }
-        b.position(b.position() + idLen);
+        ((Buffer) b).position(b.position() + idLen); // via Buffer: older Android lacks the covariant overload
         long rate = Integer.toUnsignedLong(b.getInt());
         int channels = Byte.toUnsignedInt(b.get());
         int flags = Byte.toUnsignedInt(b.get());

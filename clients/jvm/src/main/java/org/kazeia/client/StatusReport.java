@@ -3,6 +3,7 @@
 package org.kazeia.client;
 
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 
@@ -44,6 +45,6 @@ public record StatusReport(
         }
         return new StatusReport(f.str("server"), (int) f.num("protocol"), f.num("pid"), f.dbl("uptime_s"),
                 (int) f.num("connections"), (int) f.num("turns_running"), f.strings("pipelines"), f.num("budget_bytes"),
-                f.num("reserved_bytes"), f.str("pressure"), List.copyOf(models), m);
+                f.num("reserved_bytes"), f.str("pressure"), Collections.unmodifiableList(models), m);
     }
 }

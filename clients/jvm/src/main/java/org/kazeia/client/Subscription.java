@@ -50,9 +50,13 @@ public final class Subscription implements Route, AutoCloseable {
     public void deliver(Event e) {
         if (e instanceof Event.Status) {
             StatusReport s = ((Event.Status) e).status();
-            first.complete(s);
-            if (!closed && listener != null) {
-                listener.accept(s);
+            try {
+                if (!closed && listener != null) {
+                    listener.accept(s);
+                }
+            } finally {
+                // After the listener: subscribe() returns once the first status was given to it.
+                first.complete(s);
             }
         } else if (e instanceof Event.Error) {
             closed = true;

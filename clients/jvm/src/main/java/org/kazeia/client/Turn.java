@@ -3,9 +3,11 @@
 // or Error event; a dropped connection ends it with Error "connection_closed".
 package org.kazeia.client;
 
+import java.nio.Buffer;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.Iterator;
 import java.util.List;
 import java.util.NoSuchElementException;
@@ -106,6 +108,7 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         if (listener != null) {
             throw new IllegalStateException("this turn gives its events to its listener");
         }
+        client.notOnReader();
         synchronized (queue) {
             if (drained) {
                 return null;
@@ -179,11 +182,12 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         if (last instanceof Event.Error) {
             throw ((Event.Error) last).exception();
         }
-        return new TurnResult(id, List.copyOf(events));
+        return new TurnResult(id, Collections.unmodifiableList(events));
     }
 
     /** Wait until the turn ended (either mode); returns its final event without consuming events. */
     public Event join(Duration timeout) {
+        client.notOnReader();
         try {
             return ended.get(timeout.toMillis(), TimeUnit.MILLISECONDS);
         } catch (java.util.concurrent.TimeoutException e) {
@@ -246,8 +250,8 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         do {
             int n = Math.min(chunk, all.remaining());
             ByteBuffer part = all.slice();
-            part.limit(n);
-            all.position(all.position() + n);
+            ((Buffer) part).limit(n); // via Buffer: no Java 9 covariant overload (older Android)
+            ((Buffer) all).position(all.position() + n);
             if (!sendAudio(part, !all.hasRemaining())) {
                 return false;
             }
