@@ -3,7 +3,7 @@
 //! are in socket.rs: `stale_socket_is_replaced_and_live_socket_is_kept`, `sigterm_during_a_turn`.)
 //! After each fault the daemon must still answer, and answer right.
 
-mod common;
+use crate::common;
 
 use common::{finish, smollm2, Daemon};
 use kazeia_ipc::{Client, ErrorCode, Event, Incoming, Request, TurnOptions};

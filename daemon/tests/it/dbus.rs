@@ -2,7 +2,7 @@
 //! points the daemon at it, and reads everything back with `busctl`, `gdbus` and `dbus-monitor` — other
 //! programs, as a desktop shell would.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,7 +1,7 @@
 //! The real daemon, driven only through its socket: answers, concurrency, cancel, disconnect,
 //! bad input as raw bytes, the peer allow-list, stale sockets, busy, slow readers, SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;

@@ -3,7 +3,7 @@
 //! reloads. It must pass its own checks (budget, RSS drift ≤ 5% here, no FD or thread growth) and
 //! write its CSV and plot (kept in the target directory, outside the clone).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

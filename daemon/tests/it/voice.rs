@@ -1,7 +1,7 @@
 //! Audio turns over the real socket: `transcribe`, `voice` (transcript, verdicts, tokens and
 //! audio frames back), and barge-in. The speech is made by the tests (the Piper voice).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
