@@ -60,7 +60,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
             .iter()
             .find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none())
             .map(|o| o.role.clone());
-        let weights = if shares.is_some() { 0 } else { est.weights_bytes + est.repack_bytes };
+        let weights = if shares.is_some() { 0 } else { est.file_bytes() };
         let (mut backend, mut sessions, mut ranges, mut devices, mut note) =
             ("cpu".to_string(), 0, Vec::new(), None, None);
         let mut cpu_weights = weights;
@@ -81,7 +81,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
                 Err(e) => note = Some(format!("no HTP split ({e}): CPU")),
             }
         }
-        let total = weights + est.kv_bytes + est.recurrent_bytes + est.compute_bytes + est.overhead_bytes;
+        let total = est.cost(shares.is_some());
         models.push(ModelPlan {
             role: m.role.clone(),
             file: canonical.display().to_string(),

@@ -78,6 +78,22 @@ pub const FIXED_OVERHEAD: u64 = 20 << 20;
 pub const PER_VOCAB_ENTRY: u64 = 300;
 
 impl Estimate {
+    /// The file's part: weights and their repack copy. Roles sharing one loaded file pay it once.
+    pub fn file_bytes(&self) -> u64 {
+        self.weights_bytes + self.repack_bytes
+    }
+
+    /// The role's own part: KV, recurrent state, touched compute, runtime tables.
+    pub fn context_bytes(&self) -> u64 {
+        self.kv_bytes + self.recurrent_bytes + self.compute_bytes + self.overhead_bytes
+    }
+
+    /// The one cost function: what loading this role adds, given whether its file is already
+    /// loaded for another role. The plan, the ledger's admission and the supervisor all use it.
+    pub fn cost(&self, file_already_loaded: bool) -> u64 {
+        self.context_bytes() + if file_already_loaded { 0 } else { self.file_bytes() }
+    }
+
     pub fn total(&self) -> u64 {
         self.weights_bytes
             + self.repack_bytes

@@ -45,12 +45,26 @@ struct PiperInference {
     noise_w: f32,
 }
 
+/// Run espeak-ng on `text`. The text goes through stdin, never the command line: a reply or a
+/// client's text starting with `-` would otherwise be read as an option.
 fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError> {
-    let out = Command::new("espeak-ng")
+    use std::io::Write;
+    use std::process::Stdio;
+    let run = |e: std::io::Error| SpeechError::Run(format!("espeak-ng: {e} (Debian: apt install espeak-ng)"));
+    let mut child = Command::new("espeak-ng")
         .args(args)
-        .arg(text)
-        .output()
-        .map_err(|e| SpeechError::Run(format!("espeak-ng: {e} (Debian: apt install espeak-ng)")))?;
+        .arg("--stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(run)?;
+    // Written from another thread: espeak-ng may fill its stdout before it has read all of stdin.
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let input = text.replace('\0', " ");
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().map_err(run)?;
+    let _ = writer.join();
     if !out.status.success() {
         return Err(SpeechError::Run(format!("espeak-ng: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
@@ -179,5 +193,16 @@ impl Voice for Espeak {
 
     fn name(&self) -> String {
         format!("espeak-ng {}", self.voice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Text that looks like options is spoken, not obeyed.
+    #[test]
+    fn text_is_never_an_option() {
+        let ipa = super::phonemize("-v --help me", "en-us").unwrap();
+        assert!(ipa.contains('h'), "{ipa:?}");
+        assert!(super::phonemize("", "en-us").unwrap().is_empty());
     }
 }

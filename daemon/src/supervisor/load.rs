@@ -29,9 +29,8 @@ impl Supervisor {
         let est = kazeia_memory_budget::estimate(&header, &cfg.context_params())
             .map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
         let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
-        let file_weights = est.weights_bytes + est.repack_bytes;
-        let context_bytes = est.kv_bytes + est.recurrent_bytes + est.compute_bytes + est.overhead_bytes;
-        let need = context_bytes + if self.ledger.lock().expect("ledger").holds_file(&file) { 0 } else { file_weights };
+        let (file_weights, context_bytes) = (est.file_bytes(), est.context_bytes());
+        let need = est.cost(self.ledger.lock().expect("ledger").holds_file(&file));
         let admitted = self.ledger.lock().expect("ledger").admit(role, need, cfg.priority, |r| self.in_use(r));
         let victims = admitted.map_err(|refusal| {
             tracing::warn!("refused to load {role}: {refusal}");
