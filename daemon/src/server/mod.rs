@@ -5,6 +5,7 @@
 //! remove the socket file.
 
 pub mod connection;
+#[cfg(feature = "dbus")]
 pub mod dbus;
 mod handlers;
 pub mod socket;
@@ -48,7 +49,10 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
     }
 
     if sup.config.dbus.enabled {
+        #[cfg(feature = "dbus")]
         tokio::spawn(dbus::publish(sup.config.dbus.clone(), sup.clone()));
+        #[cfg(not(feature = "dbus"))]
+        tracing::warn!("[dbus] enabled = true, but this kazeia was built without D-Bus (cargo feature `dbus`)");
     }
 
     // Every second: keep-alive (unload roles idle past their `keep_alive`) and memory pressure.

@@ -4,6 +4,7 @@
 
 mod cli;
 mod common;
+#[cfg(feature = "dbus")]
 mod dbus;
 mod faults;
 mod service;
