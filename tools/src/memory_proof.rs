@@ -52,7 +52,9 @@ async fn main() -> Result<()> {
     let base = status_bytes("VmRSS");
     println!("{:<8} {:>12} {:>14} {:>8}", "role", "plan MiB", "measured MiB", "ratio");
     let (mut planned_total, mut measured_total) = (0u64, 0u64);
-    for m in &plan.models {
+    // The language models only: the plan's speech rows (ONNX, `stt`/`tts`) are not llama.cpp
+    // roles, and their own estimate is checked by tests/tests/speech_memory.rs.
+    for m in plan.models.iter().filter(|m| config.model(&m.role).is_ok()) {
         let mut cfg = config.model(&m.role).map_err(|e| anyhow!("{e}"))?.clone();
         cfg.threads = args.threads;
         let before = status_bytes("VmRSS");
