@@ -4,7 +4,15 @@ set -euo pipefail
 cd "$(dirname "$0")"
 tools/setup
 source tools/env.sh
+# Style and lints first: a warning fails the suite (rustfmt.toml, [workspace.lints]).
+cargo fmt --all --check
+cargo clippy --release --locked --workspace --all-targets --features kazeia-daemon/dbus -q -- -D warnings
 # The tools' own smoke modes: none breaks unseen.
 tools/stress-tests --smoke >/dev/null
+# The JVM client (clients/jvm): Debian's JDK 17 and JUnit 5, against a daemon it starts. Its
+# failure is reported after the Rust tests have run too.
+jvm=0
+clients/jvm/run-tests || jvm=$?
 # Every test binary runs even when one fails: a red run names all its failures at once.
-cargo test --release --locked --workspace --no-fail-fast
+cargo test --release --locked --workspace --features kazeia-daemon/dbus --no-fail-fast
+exit "$jvm"

@@ -62,18 +62,23 @@ pub fn pss_bytes() -> u64 {
 /// tokens at `n_ctx`; returns the estimate and the growth of this process's peak RSS (VmHWM).
 /// Call it once per test process: the peak is the process's.
 pub async fn estimate_and_peak(file: &Path, n_ctx: u64, n_ubatch: u64) -> (kazeia_memory_budget::Estimate, u64) {
-    use kazeia_daemon::engine::Engine;
+    use kazeia_engine::Engine;
     use kazeia_memory_budget::{estimate, gguf, ContextParams};
     use kazeia_pipelines::{ChatMessage, GenEvent, GenerateOptions, GenerateRequest, Llm};
     let c = config(&model_toml("m", file, &format!("n_ctx = {n_ctx}\nn_batch = {n_ubatch}\nn_ubatch = {n_ubatch}")));
     let m = c.model("m").unwrap();
-    let est = estimate(&gguf::read_header(file).unwrap(), &ContextParams { n_ctx, n_ubatch, ..Default::default() }).unwrap();
+    let est =
+        estimate(&gguf::read_header(file).unwrap(), &ContextParams { n_ctx, n_ubatch, ..Default::default() }).unwrap();
     let before = proc_status_bytes("VmRSS");
     let engine = Engine::new();
-    engine.load(m, c.model_path(m), Box::new(|_| {})).unwrap();
+    engine.load(&m.role_params(), c.model_path(m), Box::new(|_| {})).unwrap();
     // Enough text for a full ubatch whatever the tokenizer.
     let text = "The quick brown fox jumps over the lazy dog. ".repeat((n_ubatch / 8) as usize);
-    let req = GenerateRequest::new("m", vec![ChatMessage::new("user", text)], GenerateOptions { max_tokens: Some(8), ..Default::default() });
+    let req = GenerateRequest::new(
+        "m",
+        vec![ChatMessage::new("user", text)],
+        GenerateOptions { max_tokens: Some(8), ..Default::default() },
+    );
     let mut rx = engine.generate(req, tokio_util::sync::CancellationToken::new()).unwrap();
     let prompt = loop {
         match rx.recv().await {

@@ -8,6 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+pub use kazeia_engine::{FlashAttn, Sampling};
+pub use kazeia_memory_budget::Backend;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}: {source}")]
@@ -16,56 +19,6 @@ pub enum ConfigError {
     Invalid { path: PathBuf, line: usize, message: String },
     #[error("{path}: no model has role {role:?} (roles: {roles})")]
     NoRole { path: PathBuf, role: String, roles: String },
-}
-
-/// Where a model runs. `auto` tries the NPU (HTP) and falls back to CPU; the choice and the reason
-/// are reported by status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Cpu,
-    Htp,
-    Auto,
-}
-
-/// llama.cpp's flash-attention policy for a role's context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FlashAttn {
-    #[default]
-    Auto,
-    On,
-    Off,
-}
-
-/// Sampling defaults for a role; a request may override temperature, seed and max_tokens.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Sampling {
-    /// 0 means greedy.
-    pub temperature: f32,
-    pub top_k: i32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub repeat_last_n: i32,
-    pub seed: u32,
-    pub max_tokens: u32,
-}
-
-impl Default for Sampling {
-    fn default() -> Self {
-        Sampling {
-            temperature: 0.7,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            seed: 42,
-            max_tokens: 512,
-        }
-    }
 }
 
 /// One model role.
@@ -148,6 +101,24 @@ fn de_keep_alive<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D:
 impl ModelConfig {
     pub fn prefill_chunk(&self) -> u32 {
         self.prefill_chunk.unwrap_or(self.n_ubatch).max(1)
+    }
+
+    /// What the engine needs to run this role.
+    pub fn role_params(&self) -> kazeia_engine::RoleParams {
+        kazeia_engine::RoleParams {
+            role: self.role.clone(),
+            n_ctx: self.n_ctx,
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            prefill_chunk: self.prefill_chunk(),
+            threads: self.threads,
+            backend: self.backend,
+            mmap: self.mmap,
+            thinking: self.thinking,
+            flash_attn: self.flash_attn,
+            cache_slots: self.cache_slots,
+            sampling: self.sampling.clone(),
+        }
     }
 
     /// The settings the memory estimate depends on.
@@ -253,7 +224,11 @@ impl Default for SpeechConfig {
             languages: vec!["fr".into(), "en".into()],
             vad_silence: Duration::from_millis(500),
             // No French neural voice ships in the registries: espeak-ng speaks French.
-            voices: [("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()), ("fr".to_string(), "espeak:fr".to_string())].into(),
+            voices: [
+                ("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()),
+                ("fr".to_string(), "espeak:fr".to_string()),
+            ]
+            .into(),
             default_language: "fr".into(),
         }
     }
@@ -316,7 +291,13 @@ pub struct BudgetConfig {
 
 impl Default for BudgetConfig {
     fn default() -> Self {
-        BudgetConfig { device_ram: 16 * GIB, reserve_os: 4 * GIB, reserve_app: GIB, low_watermark: GIB, critical_watermark: GIB / 2 }
+        BudgetConfig {
+            device_ram: 16 * GIB,
+            reserve_os: 4 * GIB,
+            reserve_app: GIB,
+            low_watermark: GIB,
+            critical_watermark: GIB / 2,
+        }
     }
 }
 
@@ -339,7 +320,9 @@ fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
     match Size::deserialize(d)? {
         Size::N(n) => Ok(n),
-        Size::S(s) => parse_bytes(&s).ok_or_else(|| serde::de::Error::custom(format!("{s:?} is not a size (e.g. \"16GiB\", \"512MiB\", 1073741824)"))),
+        Size::S(s) => parse_bytes(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!("{s:?} is not a size (e.g. \"16GiB\", \"512MiB\", 1073741824)"))
+        }),
     }
 }
 
@@ -397,10 +380,7 @@ pub struct Config {
 
 /// The model cache: `$KAZEIA_MODELS`, else the config's `[cache] dir`, else ~/.cache/kazeia/models.
 pub fn default_cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("KAZEIA_MODELS") {
-        return PathBuf::from(dir);
-    }
-    dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("kazeia").join("models")
+    kazeia_memory_budget::model_cache_dir()
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -446,13 +426,22 @@ impl Config {
                 return Err(invalid(line, "key `role`: must not be empty".into()));
             }
             if m.n_ubatch > m.n_batch {
-                return Err(invalid(line, format!("model {role:?}: key `n_ubatch` ({}) must be <= n_batch ({})", m.n_ubatch, m.n_batch)));
+                return Err(invalid(
+                    line,
+                    format!("model {role:?}: key `n_ubatch` ({}) must be <= n_batch ({})", m.n_ubatch, m.n_batch),
+                ));
             }
             if m.n_batch == 0 || m.n_ctx < 16 || m.threads == 0 {
-                return Err(invalid(line, format!("model {role:?}: keys `n_ctx`, `n_batch`, `threads` must be positive (n_ctx >= 16)")));
+                return Err(invalid(
+                    line,
+                    format!("model {role:?}: keys `n_ctx`, `n_batch`, `threads` must be positive (n_ctx >= 16)"),
+                ));
             }
             if !(0.0..=5.0).contains(&m.sampling.temperature) || !(0.0..=1.0).contains(&m.sampling.top_p) {
-                return Err(invalid(line, format!("model {role:?}: key `sampling`: temperature must be in 0..=5 and top_p in 0..=1")));
+                return Err(invalid(
+                    line,
+                    format!("model {role:?}: key `sampling`: temperature must be in 0..=5 and top_p in 0..=1"),
+                ));
             }
             models.push(m);
         }
@@ -460,8 +449,18 @@ impl Config {
         if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
-        let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard).map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
-        Ok(Config { path: path.into(), cache_dir, daemon, dbus: raw.dbus, speech: raw.speech, guard, budget: raw.budget, models })
+        let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard)
+            .map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
+        Ok(Config {
+            path: path.into(),
+            cache_dir,
+            daemon,
+            dbus: raw.dbus,
+            speech: raw.speech,
+            guard,
+            budget: raw.budget,
+            models,
+        })
     }
 
     pub fn model(&self, role: &str) -> Result<&ModelConfig, ConfigError> {
@@ -509,7 +508,8 @@ mod tests {
 
     #[test]
     fn defaults_and_roles() {
-        let c = parse("[[model]]\nrole = \"thinker\"\nfile = \"a.gguf\"\n[model.sampling]\ntemperature = 0.0\n").unwrap();
+        let c =
+            parse("[[model]]\nrole = \"thinker\"\nfile = \"a.gguf\"\n[model.sampling]\ntemperature = 0.0\n").unwrap();
         let m = c.model("thinker").unwrap();
         assert_eq!(m.n_ctx, 4096);
         assert_eq!(m.prefill_chunk(), 512);
@@ -524,13 +524,17 @@ mod tests {
     fn errors_name_file_line_and_key() {
         let e = parse("[[model]]\nrole = \"thinker\"\nfile = \"a.gguf\"\nn_ctxx = 5\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:") && e.contains("n_ctxx"), "{e}");
-        let e = parse("\n\n[[model]]\nrole = \"t\"\nfile = \"a\"\nn_batch = 128\nn_ubatch = 256\n").unwrap_err().to_string();
+        let e = parse("\n\n[[model]]\nrole = \"t\"\nfile = \"a\"\nn_batch = 128\nn_ubatch = 256\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("models.toml:3:") && e.contains("n_ubatch"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\nbackend = \"gpu\"\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("gpu"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\nkeep_alive = \"soon\"\n").unwrap_err().to_string();
         assert!(e.contains("keep_alive"), "{e}");
-        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[[model]]\nrole = \"t\"\nfile = \"b\"\n").unwrap_err().to_string();
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[[model]]\nrole = \"t\"\nfile = \"b\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("twice"), "{e}");
     }
 

@@ -56,9 +56,13 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
         let header = gguf::read_header(&path).map_err(|e| e.to_string())?;
         let est = estimate(&header, &m.context_params()).map_err(|e| format!("{}: {e}", path.display()))?;
         let canonical = std::fs::canonicalize(&path).unwrap_or(path.clone());
-        let shares = models.iter().find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none()).map(|o| o.role.clone());
-        let weights = if shares.is_some() { 0 } else { est.weights_bytes + est.repack_bytes };
-        let (mut backend, mut sessions, mut ranges, mut devices, mut note) = ("cpu".to_string(), 0, Vec::new(), None, None);
+        let shares = models
+            .iter()
+            .find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none())
+            .map(|o| o.role.clone());
+        let weights = if shares.is_some() { 0 } else { est.file_bytes() };
+        let (mut backend, mut sessions, mut ranges, mut devices, mut note) =
+            ("cpu".to_string(), 0, Vec::new(), None, None);
         let mut cpu_weights = weights;
         if m.backend != Backend::Cpu {
             let split = layer_bytes(&header, htp_runs);
@@ -69,7 +73,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
                     ranges = p.sessions.iter().map(|s| [s.layers.start, s.layers.end]).collect();
                     devices = Some(p.devices_env);
                     cpu_weights = if shares.is_some() { 0 } else { p.cpu_bytes };
-                    let here = crate::engine::place(m.backend);
+                    let here = kazeia_engine::place(m.backend);
                     if here.device == "cpu" {
                         note = Some(format!("planned for HTP; on this machine: {}", here.reason));
                     }
@@ -77,7 +81,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
                 Err(e) => note = Some(format!("no HTP split ({e}): CPU")),
             }
         }
-        let total = weights + est.kv_bytes + est.recurrent_bytes + est.compute_bytes + est.overhead_bytes;
+        let total = est.cost(shares.is_some());
         models.push(ModelPlan {
             role: m.role.clone(),
             file: canonical.display().to_string(),
@@ -152,7 +156,10 @@ fn mib(b: u64) -> String {
 }
 
 pub fn print(p: &Plan) {
-    println!("{:<10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:<7} {}", "role", "weights", "KV", "state", "compute", "other", "total MiB", "backend", "HTP sessions / layers");
+    println!(
+        "{:<10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:<7} HTP sessions / layers",
+        "role", "weights", "KV", "state", "compute", "other", "total MiB", "backend"
+    );
     for m in &p.models {
         let layers = m.layer_ranges.iter().map(|r| format!("{}..{}", r[0], r[1])).collect::<Vec<_>>().join(" ");
         let weights = match &m.shares_weights_with {

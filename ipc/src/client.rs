@@ -68,16 +68,22 @@ impl Client {
         let mut framed = Framed::new(stream, FrameCodec::new(MAX_FRAME));
         // A refused peer may find the connection closed before its hello is written: read the
         // daemon's answer (the refusal) before reporting the write error.
-        let sent = framed.send(Frame::request(&Request::Hello { protocol: PROTOCOL_VERSION, client: client_name.into() })).await;
+        let sent = framed
+            .send(Frame::request(&Request::Hello { protocol: PROTOCOL_VERSION, client: client_name.into() }))
+            .await;
         let welcome = match framed.next().await {
-            Some(Ok(Frame::Json(b))) => serde_json::from_slice::<Event>(&b).map_err(|e| ClientError::Unexpected(e.to_string()))?,
+            Some(Ok(Frame::Json(b))) => {
+                serde_json::from_slice::<Event>(&b).map_err(|e| ClientError::Unexpected(e.to_string()))?
+            }
             Some(Ok(other)) => return Err(ClientError::Unexpected(format!("{other:?}"))),
             Some(Err(e)) => return Err(sent.err().unwrap_or(e).into()),
             None => return Err(sent.err().map_or(ClientError::Closed, ClientError::from)),
         };
         match &welcome {
             Event::Welcome { .. } => {}
-            Event::Error { code, message, .. } => return Err(ClientError::Refused { code: *code, message: message.clone() }),
+            Event::Error { code, message, .. } => {
+                return Err(ClientError::Refused { code: *code, message: message.clone() })
+            }
             other => return Err(ClientError::Unexpected(format!("{other:?}"))),
         }
         let (sink, mut stream) = framed.split();
@@ -157,8 +163,22 @@ impl Client {
     }
 
     /// Start a text turn; events arrive on the returned channel until `done` or `error`.
-    pub async fn turn(&self, id: &str, pipeline: &str, text: &str, options: TurnOptions) -> Result<mpsc::UnboundedReceiver<Incoming>, ClientError> {
-        self.send(Request::Turn { id: id.into(), pipeline: pipeline.into(), text: Some(text.into()), audio: None, session: None, options }).await
+    pub async fn turn(
+        &self,
+        id: &str,
+        pipeline: &str,
+        text: &str,
+        options: TurnOptions,
+    ) -> Result<mpsc::UnboundedReceiver<Incoming>, ClientError> {
+        self.send(Request::Turn {
+            id: id.into(),
+            pipeline: pipeline.into(),
+            text: Some(text.into()),
+            audio: None,
+            session: None,
+            options,
+        })
+        .await
     }
 
     pub async fn cancel(&self, id: &str) -> Result<(), ClientError> {

@@ -135,17 +135,9 @@ pub struct StatusReport {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// Answer to `hello`.
-    Welcome {
-        protocol: u32,
-        server: String,
-        capabilities: Vec<String>,
-        limits: Limits,
-    },
+    Welcome { protocol: u32, server: String, capabilities: Vec<String>, limits: Limits },
     /// The turn `id` was admitted and will run.
-    Accepted {
-        id: String,
-        pipeline: String,
-    },
+    Accepted { id: String, pipeline: String },
     /// A model role is loading (for a `load` request, or for a turn that needs it).
     LoadProgress {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -342,7 +334,13 @@ mod tests {
         let done = Event::Done { id: None, stop: StopReason::Eos, metrics: Metrics::default() };
         let back: Event = serde_json::from_str(&serde_json::to_string(&done).unwrap()).unwrap();
         assert_eq!(back, done);
-        for code in [ErrorCode::BadConfig, ErrorCode::ContextOverflow, ErrorCode::NoModel, ErrorCode::ProtocolVersion, ErrorCode::NoAudioRequest] {
+        for code in [
+            ErrorCode::BadConfig,
+            ErrorCode::ContextOverflow,
+            ErrorCode::NoModel,
+            ErrorCode::ProtocolVersion,
+            ErrorCode::NoAudioRequest,
+        ] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
         }
     }

@@ -141,7 +141,7 @@ fn decode_audio(mut b: Bytes) -> Result<AudioFrame, InvalidFrame> {
     if channels == 0 || sample_rate == 0 {
         return Err(InvalidFrame::BadAudio("zero sample rate or channels"));
     }
-    if b.remaining() % (2 * channels as usize) != 0 {
+    if !b.remaining().is_multiple_of(2 * channels as usize) {
         return Err(InvalidFrame::BadAudio("PCM length is not a whole number of s16 frames"));
     }
     Ok(AudioFrame { id, sample_rate, channels, last: flags & 1 == 1, pcm: b })
@@ -186,13 +186,12 @@ mod tests {
     fn arb_frame() -> impl Strategy<Value = Frame> {
         prop_oneof![
             proptest::collection::vec(any::<u8>(), 0..300).prop_map(|b| Frame::Json(Bytes::from(b))),
-            ("[a-z0-9-]{0,12}", 1u32..96_000, 1u8..3, any::<bool>(), proptest::collection::vec(any::<i16>(), 0..200)).prop_map(
-                |(id, sample_rate, channels, last, samples)| {
+            ("[a-z0-9-]{0,12}", 1u32..96_000, 1u8..3, any::<bool>(), proptest::collection::vec(any::<i16>(), 0..200))
+                .prop_map(|(id, sample_rate, channels, last, samples)| {
                     let mut pcm: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
                     pcm.truncate(pcm.len() / (2 * channels as usize) * 2 * channels as usize);
                     Frame::Audio(AudioFrame { id, sample_rate, channels, last, pcm: Bytes::from(pcm) })
-                }
-            ),
+                }),
         ]
     }
 
@@ -246,7 +245,13 @@ mod tests {
     fn json_and_audio_roundtrip() {
         let j = Frame::Json(Bytes::from_static(br#"{"type":"status","id":"1"}"#));
         assert_eq!(roundtrip(j.clone()), j);
-        let a = Frame::Audio(AudioFrame { id: "t1".into(), sample_rate: 16000, channels: 1, last: true, pcm: Bytes::from(vec![1, 0, 2, 0]) });
+        let a = Frame::Audio(AudioFrame {
+            id: "t1".into(),
+            sample_rate: 16000,
+            channels: 1,
+            last: true,
+            pcm: Bytes::from(vec![1, 0, 2, 0]),
+        });
         assert_eq!(roundtrip(a.clone()), a);
     }
 

@@ -54,12 +54,24 @@ pub enum Request {
         options: TurnOptions,
     },
     /// Cancel the running request `id` (of this connection).
-    Cancel { id: String },
-    Status { id: String },
-    Load { id: String, role: String },
-    Unload { id: String, role: String },
+    Cancel {
+        id: String,
+    },
+    Status {
+        id: String,
+    },
+    Load {
+        id: String,
+        role: String,
+    },
+    Unload {
+        id: String,
+        role: String,
+    },
     /// Receive `status` events whenever models load or unload, until the connection closes.
-    Subscribe { id: String },
+    Subscribe {
+        id: String,
+    },
 }
 
 impl Request {
@@ -92,7 +104,11 @@ pub struct ParseError {
 /// Parse a JSON frame's body, telling apart bad JSON, an unknown type and a malformed request.
 pub fn parse_request(body: &[u8]) -> Result<Request, ParseError> {
     use crate::ErrorCode;
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError { id: None, code: ErrorCode::BadJson, message: e.to_string() })?;
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ParseError {
+        id: None,
+        code: ErrorCode::BadJson,
+        message: e.to_string(),
+    })?;
     let id = v.get("id").and_then(|i| i.as_str()).map(str::to_string);
     let ty = v.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
     if !REQUEST_TYPES.contains(&ty.as_str()) {
@@ -121,16 +137,21 @@ mod parse_tests {
     fn arb_request() -> impl Strategy<Value = Request> {
         let id = "[a-zA-Z0-9-]{1,16}";
         prop_oneof![
-            (id, ".{0,40}", proptest::option::of(0.0f32..2.0), proptest::option::of(any::<u32>()), proptest::option::of(1u32..4096)).prop_map(
-                |(id, text, temperature, seed, max_tokens)| Request::Turn {
+            (
+                id,
+                ".{0,40}",
+                proptest::option::of(0.0f32..2.0),
+                proptest::option::of(any::<u32>()),
+                proptest::option::of(1u32..4096)
+            )
+                .prop_map(|(id, text, temperature, seed, max_tokens)| Request::Turn {
                     id,
                     pipeline: "chat".into(),
                     text: Some(text),
                     audio: None,
                     session: None,
                     options: TurnOptions { temperature, seed, max_tokens },
-                }
-            ),
+                }),
             id.prop_map(|id| Request::Cancel { id }),
             id.prop_map(|id| Request::Status { id }),
             (id, "[a-z]{1,8}").prop_map(|(id, role)| Request::Load { id, role }),

@@ -43,7 +43,15 @@ pub struct ContextParams {
 
 impl Default for ContextParams {
     fn default() -> Self {
-        ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 1, mmap: false, kv_elem_bytes: 2, swa_full: true, flash_attn: true }
+        ContextParams {
+            n_ctx: 4096,
+            n_ubatch: 512,
+            n_seq: 1,
+            mmap: false,
+            kv_elem_bytes: 2,
+            swa_full: true,
+            flash_attn: true,
+        }
     }
 }
 
@@ -70,8 +78,29 @@ pub const FIXED_OVERHEAD: u64 = 20 << 20;
 pub const PER_VOCAB_ENTRY: u64 = 300;
 
 impl Estimate {
+    /// The file's part: weights and their repack copy. Roles sharing one loaded file pay it once.
+    pub fn file_bytes(&self) -> u64 {
+        self.weights_bytes + self.repack_bytes
+    }
+
+    /// The role's own part: KV, recurrent state, touched compute, runtime tables.
+    pub fn context_bytes(&self) -> u64 {
+        self.kv_bytes + self.recurrent_bytes + self.compute_bytes + self.overhead_bytes
+    }
+
+    /// The one cost function: what loading this role adds, given whether its file is already
+    /// loaded for another role. The plan, the ledger's admission and the supervisor all use it.
+    pub fn cost(&self, file_already_loaded: bool) -> u64 {
+        self.context_bytes() + if file_already_loaded { 0 } else { self.file_bytes() }
+    }
+
     pub fn total(&self) -> u64 {
-        self.weights_bytes + self.repack_bytes + self.kv_bytes + self.recurrent_bytes + self.compute_bytes + self.overhead_bytes
+        self.weights_bytes
+            + self.repack_bytes
+            + self.kv_bytes
+            + self.recurrent_bytes
+            + self.compute_bytes
+            + self.overhead_bytes
     }
 }
 
@@ -116,14 +145,21 @@ impl Shape {
         let n_layer = need("block_count")?;
         let n_embd = need("embedding_length")?;
         let n_head = need("attention.head_count")?.max(1);
-        let n_head_kv = per_layer(h, "attention.head_count_kv", n_layer).unwrap_or_else(|| vec![n_head; n_layer as usize]);
+        let n_head_kv =
+            per_layer(h, "attention.head_count_kv", n_layer).unwrap_or_else(|| vec![n_head; n_layer as usize]);
         let k_len = get_u64(h, "attention.key_length").unwrap_or(n_embd / n_head);
         let v_len = get_u64(h, "attention.value_length").unwrap_or(n_embd / n_head);
         let n_vocab = match h.get("tokenizer.ggml.tokens") {
             Some(Value::Array(t)) => t.len() as u64,
-            _ => h.tensors.iter().find(|t| t.name == "token_embd.weight").and_then(|t| t.dims.get(1).copied()).unwrap_or(0),
+            _ => h
+                .tensors
+                .iter()
+                .find(|t| t.name == "token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied())
+                .unwrap_or(0),
         };
-        let mut kv: Vec<u64> = (0..n_layer as usize).map(|i| n_head_kv.get(i).copied().unwrap_or(n_head) * (k_len + v_len)).collect();
+        let mut kv: Vec<u64> =
+            (0..n_layer as usize).map(|i| n_head_kv.get(i).copied().unwrap_or(n_head) * (k_len + v_len)).collect();
         let mut window = vec![None; n_layer as usize];
         let mut recurrent = 0;
         let mut n_recurrent_layers = 0;
@@ -140,7 +176,7 @@ impl Shape {
                 recurrent_heads_x_state = get_u64(h, "ssm.time_step_rank").unwrap_or(inner / state.max(1)) * state;
                 let per_layer_rs = 4 * ((conv - 1) * (inner + 2 * groups * state) + state * inner);
                 for (i, e) in kv.iter_mut().enumerate() {
-                    if (i as u64 + 1) % interval != 0 {
+                    if !(i as u64 + 1).is_multiple_of(interval) {
                         *e = 0;
                         recurrent += per_layer_rs;
                         n_recurrent_layers += 1;
@@ -150,9 +186,11 @@ impl Shape {
             "gemma3" | "gemma2" => {
                 // Sliding-window layers keep only the window; every `pattern`-th layer is global.
                 if let Some(w) = get_u64(h, "attention.sliding_window") {
-                    let pattern = get_u64(h, "attention.sliding_window_pattern").unwrap_or(if arch == "gemma3" { 6 } else { 2 }).max(1);
+                    let pattern = get_u64(h, "attention.sliding_window_pattern")
+                        .unwrap_or(if arch == "gemma3" { 6 } else { 2 })
+                        .max(1);
                     for (i, win) in window.iter_mut().enumerate() {
-                        if (i as u64 + 1) % pattern != 0 {
+                        if !(i as u64 + 1).is_multiple_of(pattern) {
                             *win = Some(w);
                         }
                     }
@@ -190,7 +228,11 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
     let shape = Shape::from_header(h)?;
     let weights_bytes = h.weights_bytes();
     let repack_bytes = if p.mmap {
-        h.tensors.iter().filter(|t| repackable(t.ggml_type) && t.dims.len() >= 2 && t.name != "token_embd.weight").map(|t| t.n_bytes()).sum()
+        h.tensors
+            .iter()
+            .filter(|t| repackable(t.ggml_type) && t.dims.len() >= 2 && t.name != "token_embd.weight")
+            .map(|t| t.n_bytes())
+            .sum()
     } else {
         0
     };

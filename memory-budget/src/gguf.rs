@@ -244,10 +244,8 @@ impl<R: Read> Reader<R> {
         let mut buf = vec![0u8; len as usize];
         self.inner.read_exact(&mut buf).map_err(|_| self.err_eof(what))?;
         self.pos += len;
-        String::from_utf8(buf).map_err(|_| GgufError::Malformed {
-            path: self.path.clone(),
-            what: format!("{what} is not UTF-8"),
-        })
+        String::from_utf8(buf)
+            .map_err(|_| GgufError::Malformed { path: self.path.clone(), what: format!("{what} is not UTF-8") })
     }
 
     fn malformed_or_truncated(&self, what: &str, len: u64) -> GgufError {
@@ -409,7 +407,7 @@ mod tests {
             b.push(0);
         }
         if data {
-            b.extend(std::iter::repeat(0u8).take(4 * n as usize));
+            b.extend(std::iter::repeat_n(0u8, 4 * n as usize));
         }
         f.write_all(&b).unwrap();
         f

@@ -161,7 +161,10 @@ mod tests {
         assert!(a.abs_diff(b) <= 130_000_000, "{a} vs {b}");
         assert_eq!(p.cpu_bytes, 572_000_000);
         // The 4B guard (~2.36 GB) fits one.
-        assert_eq!(plan(&vec![60_000_000u64; 36], 300_000_000, 300_000_000, DEFAULT_SESSION_CAP).unwrap().sessions.len(), 1);
+        assert_eq!(
+            plan(&vec![60_000_000u64; 36], 300_000_000, 300_000_000, DEFAULT_SESSION_CAP).unwrap().sessions.len(),
+            1
+        );
     }
 
     #[test]

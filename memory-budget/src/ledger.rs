@@ -78,7 +78,8 @@ impl Ledger {
     /// Bytes a role would free: its reservation, less the weights when another role stays on them.
     fn frees(&self, role: &str, leaving: &[String]) -> u64 {
         let e = &self.entries[role];
-        let shared = e.weights > 0 && self.entries.values().any(|o| o.role != role && o.file == e.file && !leaving.contains(&o.role));
+        let shared = e.weights > 0
+            && self.entries.values().any(|o| o.role != role && o.file == e.file && !leaving.contains(&o.role));
         if shared {
             e.reserved - e.weights
         } else {
@@ -87,10 +88,17 @@ impl Ledger {
     }
 
     /// Which roles to evict, in order, so that `need` more bytes fit; or why it cannot fit.
-    pub fn admit(&self, role: &str, need: u64, priority: u32, in_use: impl Fn(&str) -> bool) -> Result<Vec<String>, Refusal> {
+    pub fn admit(
+        &self,
+        role: &str,
+        need: u64,
+        priority: u32,
+        in_use: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, Refusal> {
         let mut free = self.budget.saturating_sub(self.used());
         let mut victims: Vec<String> = Vec::new();
-        let mut candidates: Vec<&Entry> = self.entries.values().filter(|e| e.role != role && e.priority <= priority && !in_use(&e.role)).collect();
+        let mut candidates: Vec<&Entry> =
+            self.entries.values().filter(|e| e.role != role && e.priority <= priority && !in_use(&e.role)).collect();
         candidates.sort_by_key(|e| (e.priority, e.last_used));
         for c in candidates {
             if free >= need {
@@ -117,12 +125,28 @@ impl Ledger {
         if resident.is_empty() {
             resident.push_str("nothing");
         }
-        Err(Refusal { role: role.to_string(), need, free, budget: self.budget, priority, resident, missing: need - free })
+        Err(Refusal {
+            role: role.to_string(),
+            need,
+            free,
+            budget: self.budget,
+            priority,
+            resident,
+            missing: need - free,
+        })
     }
 
     /// Record a loaded role. `estimate_without_weights` + the file's weights unless a resident
     /// role already holds them.
-    pub fn insert(&mut self, role: &str, file: &str, priority: u32, file_weights: u64, estimate_without_weights: u64, measured: Option<i64>) {
+    pub fn insert(
+        &mut self,
+        role: &str,
+        file: &str,
+        priority: u32,
+        file_weights: u64,
+        estimate_without_weights: u64,
+        measured: Option<i64>,
+    ) {
         let weights = if self.holds_file(file) { 0 } else { file_weights };
         self.entries.insert(
             role.to_string(),

@@ -8,8 +8,10 @@ pub mod gguf;
 pub mod htp;
 pub mod ledger;
 pub mod onnx;
+pub mod placement;
 pub mod pressure;
 
 pub use estimate::{estimate, htp_runs, layer_bytes, ContextParams, Estimate, LayerBytes, Shape};
-pub use ledger::{Ledger, Refusal};
 pub use htp::{plan as plan_htp, HtpPlan, PlanError, DEFAULT_SESSION_CAP};
+pub use ledger::{Ledger, Refusal};
+pub use placement::{model_cache_dir, Backend};

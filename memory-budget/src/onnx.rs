@@ -5,6 +5,7 @@
 //!   weights copied out of the protobuf, and the encoder's activations for a 30 s window
 //!   (1500 positions; attention scores 8 × 1500 × 1500 floats per layer) stay in its arena.
 //! - TTS (Piper): 1.31 measured.
+//!
 //! Rounded up, so that the estimate is never below.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -47,7 +47,10 @@ pub fn level(s: &Sample, w: &Watermarks) -> Level {
 }
 
 fn kib_field(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map(|k| k * 1024)
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|k| k * 1024)
 }
 
 /// Read a sample from /proc.

@@ -12,6 +12,9 @@ const BUILTIN: &[(&str, &str)] = &[
     ("chat", include_str!("../chat.toml")),
     ("guarded-chat", include_str!("../guarded-chat.toml")),
     ("guard", include_str!("../guard.toml")),
+    ("transcribe", include_str!("../transcribe.toml")),
+    ("voice", include_str!("../voice.toml")),
+    ("speak", include_str!("../speak.toml")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +35,12 @@ pub enum Stage {
     Think { role: String },
     /// Check the user's text (`input`) or the reply, sentence by sentence (`output`).
     Guard { role: String, check: crate::guard::Check },
+    /// The turn's input is audio: VAD to the end of the utterance, then speech to text. Its
+    /// transcript is the text the later stages see.
+    Transcribe,
+    /// Speak the text that reaches this stage (the reply's released sentences, or the turn's
+    /// own text when no think stage comes before) as audio frames.
+    Speak,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -58,29 +67,50 @@ fn yes() -> bool {
 /// A pipeline's stages in the shape the runner executes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
+    /// Audio in: the first stage transcribes.
+    pub transcribe: bool,
     pub input_guard: Option<String>,
     pub think: Option<String>,
     pub output_guard: Option<String>,
+    /// Audio out: the last stage speaks.
+    pub speak: bool,
+}
+
+impl Plan {
+    /// Whether any language-model stage runs (a bare `transcribe` or `speak` has none).
+    pub fn has_text_stages(&self) -> bool {
+        self.input_guard.is_some() || self.think.is_some()
+    }
 }
 
 impl Pipeline {
-    /// The cascade this pipeline describes: [guard input] → [think] → [guard output], each at
-    /// most once and in that order.
+    /// The cascade this pipeline describes: [transcribe] → [guard input] → [think] →
+    /// [guard output] → [speak], each at most once and in that order.
     pub fn plan(&self) -> Result<Plan, String> {
         use crate::guard::Check;
-        let mut plan = Plan { input_guard: None, think: None, output_guard: None };
+        let mut plan = Plan { transcribe: false, input_guard: None, think: None, output_guard: None, speak: false };
+        let order = "stages must be: [transcribe] then [guard input] then [think] then [guard output] then [speak], \
+                     each at most once";
         let mut stage_no = 0;
         for s in &self.stages {
-            let (slot, no) = match s {
-                Stage::Guard { role, check: Check::Input } => (&mut plan.input_guard, (1, role)),
-                Stage::Think { role } => (&mut plan.think, (2, role)),
-                Stage::Guard { role, check: Check::Output } => (&mut plan.output_guard, (3, role)),
+            let no = match s {
+                Stage::Transcribe => 1,
+                Stage::Guard { check: Check::Input, .. } => 2,
+                Stage::Think { .. } => 3,
+                Stage::Guard { check: Check::Output, .. } => 4,
+                Stage::Speak => 5,
             };
-            if slot.is_some() || no.0 <= stage_no {
-                return Err("stages must be: [guard input] then [think] then [guard output], each at most once".into());
+            if no <= stage_no {
+                return Err(order.into());
             }
-            stage_no = no.0;
-            *slot = Some(no.1.clone());
+            stage_no = no;
+            match s {
+                Stage::Transcribe => plan.transcribe = true,
+                Stage::Guard { role, check: Check::Input } => plan.input_guard = Some(role.clone()),
+                Stage::Think { role } => plan.think = Some(role.clone()),
+                Stage::Guard { role, check: Check::Output } => plan.output_guard = Some(role.clone()),
+                Stage::Speak => plan.speak = true,
+            }
         }
         if plan.output_guard.is_some() && plan.think.is_none() {
             return Err("an output guard needs a think stage".into());
@@ -92,7 +122,7 @@ impl Pipeline {
     pub fn roles(&self) -> Vec<String> {
         let mut roles: Vec<String> = Vec::new();
         for s in &self.stages {
-            let (Stage::Think { role } | Stage::Guard { role, .. }) = s;
+            let (Stage::Think { role } | Stage::Guard { role, .. }) = s else { continue };
             if !roles.contains(role) {
                 roles.push(role.clone());
             }
@@ -101,8 +131,8 @@ impl Pipeline {
     }
 
     pub fn parse(name: &str, file: &str, text: &str) -> Result<Pipeline, PipelineError> {
-        let mut p: Pipeline =
-            toml::from_str(text).map_err(|e| PipelineError::Invalid { file: file.to_string(), message: e.to_string() })?;
+        let mut p: Pipeline = toml::from_str(text)
+            .map_err(|e| PipelineError::Invalid { file: file.to_string(), message: e.to_string() })?;
         if p.stages.is_empty() {
             return Err(PipelineError::Invalid { file: file.to_string(), message: "no [[stage]]".into() });
         }
@@ -124,7 +154,8 @@ impl Registry {
         let pipelines = BUILTIN
             .iter()
             .map(|(name, text)| {
-                let p = Pipeline::parse(name, &format!("<builtin>/{name}.toml"), text).expect("built-in pipeline parses");
+                let p =
+                    Pipeline::parse(name, &format!("<builtin>/{name}.toml"), text).expect("built-in pipeline parses");
                 (name.to_string(), p)
             })
             .collect();
@@ -181,6 +212,20 @@ mod tests {
         let out_first = "[[stage]]\nkind = \"guard\"\nrole = \"g\"\ncheck = \"output\"\n[[stage]]\nkind = \"think\"\nrole = \"t\"\n";
         let e = Pipeline::parse("x", "x.toml", out_first).unwrap_err().to_string();
         assert!(e.contains("[guard input] then [think]"), "{e}");
+    }
+
+    #[test]
+    fn audio_pipelines_are_files_too() {
+        let reg = Registry::builtin();
+        let voice = reg.get("voice").unwrap().plan().unwrap();
+        assert!(voice.transcribe && voice.speak && voice.think.is_some() && voice.output_guard.is_some());
+        let t = reg.get("transcribe").unwrap().plan().unwrap();
+        assert!(t.transcribe && !t.speak && !t.has_text_stages());
+        let s = reg.get("speak").unwrap().plan().unwrap();
+        assert!(s.speak && !s.transcribe && !s.has_text_stages());
+        assert!(reg.get("voice").unwrap().roles() == vec!["guard".to_string(), "thinker".to_string()]);
+        let late = "[[stage]]\nkind = \"speak\"\n[[stage]]\nkind = \"transcribe\"\n";
+        assert!(Pipeline::parse("x", "x.toml", late).is_err());
     }
 
     #[test]

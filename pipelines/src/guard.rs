@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Deserialize;
 
-use crate::llm::ChatMessage;
+use kazeia_engine::api::ChatMessage;
 
 /// Which guard model family's prompt and answer format to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -134,7 +134,8 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
         Check::Input => ("USER", "query"),
         Check::Output => ("ASSISTANT", "response"),
     };
-    let cats: Vec<&str> = QWEN_CATEGORIES.iter().copied().filter(|c| check == Check::Input || *c != "Jailbreak").collect();
+    let cats: Vec<&str> =
+        QWEN_CATEGORIES.iter().copied().filter(|c| check == Check::Input || *c != "Jailbreak").collect();
     let mut text = format!(
         "# Task:\n1) Evaluate whether THE LAST {who}'s {what} belongs to safe or unsafe content based on our safety policy.\n\
          2) Identify the category of unsafe content found.\n\n<BEGIN SAFETY POLICY>\n\
@@ -158,7 +159,11 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
         answer_prefix: "Safety:".into(),
-        labels: vec![(" Safe".into(), Label::Safe), (" Unsafe".into(), Label::Unsafe), (" Controversial".into(), Label::Controversial)],
+        labels: vec![
+            (" Safe".into(), Label::Safe),
+            (" Unsafe".into(), Label::Unsafe),
+            (" Controversial".into(), Label::Controversial),
+        ],
     }
 }
 
@@ -179,7 +184,11 @@ fn compact(check: Check, user: &str, reply: &str) -> GuardPrompt {
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
         answer_prefix: "Safety:".into(),
-        labels: vec![(" Safe".into(), Label::Safe), (" Unsafe".into(), Label::Unsafe), (" Controversial".into(), Label::Controversial)],
+        labels: vec![
+            (" Safe".into(), Label::Safe),
+            (" Unsafe".into(), Label::Unsafe),
+            (" Controversial".into(), Label::Controversial),
+        ],
     }
 }
 
@@ -251,14 +260,17 @@ pub struct GuardConfig {
 
 impl Default for GuardConfig {
     fn default() -> Self {
-        let refusals = [
-            ("en", "I can't help with that."),
-            ("fr", "Je ne peux pas vous aider avec cela."),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        GuardConfig { format: GuardFormat::Qwen3guard, block_controversial: true, categories: true, refusals, rules: Vec::new() }
+        let refusals = [("en", "I can't help with that."), ("fr", "Je ne peux pas vous aider avec cela.")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        GuardConfig {
+            format: GuardFormat::Qwen3guard,
+            block_controversial: true,
+            categories: true,
+            refusals,
+            rules: Vec::new(),
+        }
     }
 }
 
@@ -306,7 +318,13 @@ impl GuardPolicy {
         if !cfg.refusals.contains_key("en") {
             return Err("refusals: an `en` refusal is required (the fallback)".into());
         }
-        Ok(GuardPolicy { format: cfg.format, block_controversial: cfg.block_controversial, categories: cfg.categories, refusals: cfg.refusals.clone(), rules })
+        Ok(GuardPolicy {
+            format: cfg.format,
+            block_controversial: cfg.block_controversial,
+            categories: cfg.categories,
+            refusals: cfg.refusals.clone(),
+            rules,
+        })
     }
 
     pub fn blocks(&self, label: Label) -> bool {
@@ -325,17 +343,28 @@ impl GuardPolicy {
     /// The refusal in the user's language.
     pub fn refusal(&self, user_text: &str) -> &str {
         let lang = detect_language(user_text);
-        self.refusals.get(lang).or_else(|| self.refusals.get("en")).map(String::as_str).unwrap_or("I can't help with that.")
+        self.refusals
+            .get(lang)
+            .or_else(|| self.refusals.get("en"))
+            .map(String::as_str)
+            .unwrap_or("I can't help with that.")
     }
 }
 
 /// French or English, from function words and accents: enough to pick a refusal's language.
 pub fn detect_language(text: &str) -> &'static str {
-    const FR: &[&str] = &["le", "la", "les", "des", "est", "une", "un", "je", "vous", "pour", "pas", "que", "qui", "comment", "quelle", "quel", "bonjour", "merci", "avec", "dans", "du", "et", "sur", "ce", "c'est", "tu", "moi"];
-    const EN: &[&str] = &["the", "is", "are", "a", "an", "i", "you", "for", "not", "that", "what", "how", "which", "hello", "thanks", "with", "in", "and", "on", "this", "it", "me", "to", "of"];
+    const FR: &[&str] = &[
+        "le", "la", "les", "des", "est", "une", "un", "je", "vous", "pour", "pas", "que", "qui", "comment", "quelle",
+        "quel", "bonjour", "merci", "avec", "dans", "du", "et", "sur", "ce", "c'est", "tu", "moi",
+    ];
+    const EN: &[&str] = &[
+        "the", "is", "are", "a", "an", "i", "you", "for", "not", "that", "what", "how", "which", "hello", "thanks",
+        "with", "in", "and", "on", "this", "it", "me", "to", "of",
+    ];
     let lower = text.to_lowercase();
     let words: Vec<&str> = lower.split(|c: char| !c.is_alphanumeric() && c != '\'').filter(|w| !w.is_empty()).collect();
-    let fr = words.iter().filter(|w| FR.contains(w)).count() + lower.chars().filter(|c| "éèêàçùâîôû".contains(*c)).count();
+    let fr =
+        words.iter().filter(|w| FR.contains(w)).count() + lower.chars().filter(|c| "éèêàçùâîôû".contains(*c)).count();
     let en = words.iter().filter(|w| EN.contains(w)).count();
     if fr > en {
         "fr"
@@ -364,7 +393,9 @@ mod tests {
     #[test]
     fn fixed_instructions_come_first() {
         // Two checks share everything before the checked text: that prefix stays cached.
-        for (format, share) in [(GuardFormat::Qwen3guard, 0.65), (GuardFormat::Llamaguard3, 0.65), (GuardFormat::Compact, 0.95)] {
+        for (format, share) in
+            [(GuardFormat::Qwen3guard, 0.65), (GuardFormat::Llamaguard3, 0.65), (GuardFormat::Compact, 0.95)]
+        {
             let a = &format.prompt(Check::Input, "first", "").messages[0].content;
             let b = &format.prompt(Check::Input, "second text", "").messages[0].content;
             let common = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();

@@ -3,13 +3,14 @@
 
 pub mod definition;
 pub mod guard;
-pub mod llm;
 pub mod runner;
 pub mod session;
 pub mod split;
 
-pub use definition::{Pipeline, PipelineError, Registry, Stage};
-pub use llm::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError};
+pub use definition::{Pipeline, PipelineError, Plan, Registry, Stage};
 pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
+pub use kazeia_engine::api::{
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,
+};
 pub use runner::{check, run_turn, Engines, TurnInput, Verdict};
 pub use session::Sessions;

@@ -19,9 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::definition::Pipeline;
 use crate::guard::{parse_categories, Check, GuardPolicy, Label};
-use crate::llm::{ChatMessage, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError};
 use crate::session::Sessions;
 use crate::split::first_sentence;
+use kazeia_engine::api::{
+    ChatMessage, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,
+};
 
 /// The input of one turn.
 #[derive(Debug, Clone, Default)]
@@ -66,7 +68,12 @@ pub async fn check(
     let t = Instant::now();
     let text = if check == Check::Input { user } else { reply };
     if let Some(rule) = policy.rule(check, text) {
-        return Ok(Verdict { label: rule.label, categories: rule.categories.clone(), ms: t.elapsed().as_secs_f64() * 1e3, by_rule: true });
+        return Ok(Verdict {
+            label: rule.label,
+            categories: rule.categories.clone(),
+            ms: t.elapsed().as_secs_f64() * 1e3,
+            by_rule: true,
+        });
     }
     let p = policy.format.prompt(check, user, reply);
     let req = ClassifyRequest {
@@ -111,7 +118,13 @@ type Pending<'a> = Pin<Box<dyn Future<Output = Result<Verdict, LlmError>> + Send
 
 /// Run one turn of `pipeline`. Every event goes to `out`; the turn always ends with exactly one
 /// `done` or `error` event. A closed `out` (the client went away) cancels the turn.
-pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_>, cancel: CancellationToken, out: mpsc::UnboundedSender<Event>) {
+pub async fn run_turn(
+    pipeline: &Pipeline,
+    input: TurnInput,
+    engines: Engines<'_>,
+    cancel: CancellationToken,
+    out: mpsc::UnboundedSender<Event>,
+) {
     let id = input.id.clone();
     let emit = |ev: Event| {
         if out.send(ev).is_err() {
@@ -154,10 +167,10 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
         emit(Event::Done { id: id.clone(), stop: StopReason::Blocked, metrics });
     };
 
-    let mut guard_in: Option<Pending> = plan
-        .input_guard
-        .as_ref()
-        .map(|role| Box::pin(check(llm, policy, role, Check::Input, &input.text, "", pipeline.prefix_cache, cancel.child_token())) as Pending);
+    let mut guard_in: Option<Pending> = plan.input_guard.as_ref().map(|role| {
+        Box::pin(check(llm, policy, role, Check::Input, &input.text, "", pipeline.prefix_cache, cancel.child_token()))
+            as Pending
+    });
 
     // Guard-only pipeline: the verdict is the answer.
     let Some(think_role) = plan.think.clone() else {
@@ -201,7 +214,11 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
     let mut summary: Option<GenSummary> = None;
 
     // Release `n` bytes of pending text as token events (splitting a piece at the boundary).
-    let release = |n: usize, pending: &mut VecDeque<String>, pending_text: &mut String, released: &mut String, first: &mut Option<Instant>| {
+    let release = |n: usize,
+                   pending: &mut VecDeque<String>,
+                   pending_text: &mut String,
+                   released: &mut String,
+                   first: &mut Option<Instant>| {
         let mut left = n;
         while left > 0 {
             let Some(mut piece) = pending.pop_front() else { break };
@@ -227,10 +244,13 @@ pub async fn run_turn(pipeline: &Pipeline, input: TurnInput, engines: Engines<'_
                 let reply = format!("{released}{}", &pending_text[..n]);
                 let (role, user_text) = (role.clone(), input.text.clone());
                 let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
-                out_check = Some(Box::pin(async move { check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c).await }));
+                out_check = Some(Box::pin(async move {
+                    check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c).await
+                }));
             }
         }
-        let finished = summary.is_some() && (cancel.is_cancelled() || (input_passed && out_check.is_none() && queued.is_empty()));
+        let finished =
+            summary.is_some() && (cancel.is_cancelled() || (input_passed && out_check.is_none() && queued.is_empty()));
         if finished {
             break;
         }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::llm::ChatMessage;
+use kazeia_engine::api::ChatMessage;
 
 pub struct Sessions {
     ttl: Duration,

@@ -59,6 +59,9 @@ mod tests {
         assert_eq!(first_sentence(&t[n..]), None);
         assert_eq!(first_sentence("Paris."), None, "no white space yet: the sentence may go on");
         assert_eq!(first_sentence("1. First point is long enough. x").map(|n| n > 3), Some(true));
-        assert_eq!(first_sentence("Oui ! C'est bien Paris, la capitale.\nSuite"), Some("Oui ! C'est bien Paris, la capitale.\n".len()));
+        assert_eq!(
+            first_sentence("Oui ! C'est bien Paris, la capitale.\nSuite"),
+            Some("Oui ! C'est bien Paris, la capitale.\n".len())
+        );
     }
 }

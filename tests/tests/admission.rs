@@ -9,7 +9,10 @@ use tokio_util::sync::CancellationToken;
 /// A role on `file`; `sizes` overrides the default n_ctx 512 / ubatch 128.
 fn role(name: &str, file: &std::path::Path, priority: u32, sizes: &str) -> String {
     let sizes = if sizes.is_empty() { "n_ctx = 512\nn_batch = 128\nn_ubatch = 128" } else { sizes };
-    format!("[[model]]\nrole = \"{name}\"\nfile = \"{}\"\nthreads = 2\nbackend = \"cpu\"\npriority = {priority}\n{sizes}\n", file.display())
+    format!(
+        "[[model]]\nrole = \"{name}\"\nfile = \"{}\"\nthreads = 2\nbackend = \"cpu\"\npriority = {priority}\n{sizes}\n",
+        file.display()
+    )
 }
 
 /// The supervisor measures a load as this process's RSS growth across it: a test loading or
@@ -45,21 +48,35 @@ async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
 
     // The third load evicts the idle, lowest-priority model.
     sup.ensure_loaded("c", |_| {}).await.unwrap();
-    assert_eq!((state(&sup, "a"), state(&sup, "b"), state(&sup, "c")), (ModelState::Loaded, ModelState::Unloaded, ModelState::Loaded));
+    assert_eq!(
+        (state(&sup, "a"), state(&sup, "b"), state(&sup, "c")),
+        (ModelState::Loaded, ModelState::Unloaded, ModelState::Loaded)
+    );
 
     // A lower-priority model never evicts higher ones: refused, with the listing.
     let e = sup.ensure_loaded("b", |_| {}).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::OverBudget);
-    assert!(e.message.contains("a ") && e.message.contains("c ") && e.message.contains("needed for b"), "{}", e.message);
+    assert!(
+        e.message.contains("a ") && e.message.contains("c ") && e.message.contains("needed for b"),
+        "{}",
+        e.message
+    );
 
     // A model in use is never evicted: with `a` generating, `d` takes `c`'s place.
-    let req = GenerateRequest::new("a", vec![ChatMessage::new("user", "Tell me a long story.")], GenerateOptions { max_tokens: Some(2000), ignore_eos: true, ..Default::default() });
+    let req = GenerateRequest::new(
+        "a",
+        vec![ChatMessage::new("user", "Tell me a long story.")],
+        GenerateOptions { max_tokens: Some(2000), ignore_eos: true, ..Default::default() },
+    );
     let busy = CancellationToken::new();
     let mut rx = sup.engine.generate(req, busy.clone()).unwrap();
     let _ = rx.recv().await;
     assert!(sup.engine.pending("a").unwrap() > 0);
     sup.ensure_loaded("d", |_| {}).await.unwrap();
-    assert_eq!((state(&sup, "a"), state(&sup, "c"), state(&sup, "d")), (ModelState::Loaded, ModelState::Unloaded, ModelState::Loaded));
+    assert_eq!(
+        (state(&sup, "a"), state(&sup, "c"), state(&sup, "d")),
+        (ModelState::Loaded, ModelState::Unloaded, ModelState::Loaded)
+    );
     busy.cancel();
     while rx.recv().await.is_some() {}
 
@@ -78,7 +95,10 @@ async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
     assert_eq!(state(&sup, "a"), ModelState::Loaded);
     drop(lease);
     sup.ensure_loaded("c", |_| {}).await.unwrap();
-    assert_eq!((state(&sup, "a"), state(&sup, "c"), state(&sup, "d")), (ModelState::Unloaded, ModelState::Loaded, ModelState::Loaded));
+    assert_eq!(
+        (state(&sup, "a"), state(&sup, "c"), state(&sup, "d")),
+        (ModelState::Unloaded, ModelState::Loaded, ModelState::Loaded)
+    );
     let st = sup.status();
     assert!(st.reserved_bytes <= st.budget_bytes, "{st:?}");
 }

@@ -2,7 +2,7 @@
 //! a control (a byte-identical copy under another name, which must load again).
 //! Alone in its own test binary so no other test moves the numbers.
 
-use kazeia_daemon::engine::Engine;
+use kazeia_engine::Engine;
 use kazeia_tests::{config, model_toml, proc_status_bytes, pss_bytes, smollm2};
 
 #[test]
@@ -24,7 +24,7 @@ fn two_roles_on_one_file_load_it_once() {
     let load = |role: &str| {
         let before = (proc_status_bytes("VmRSS"), pss_bytes());
         let m = c.model(role).unwrap();
-        engine.load(m, c.model_path(m), Box::new(|_| {})).unwrap();
+        engine.load(&m.role_params(), c.model_path(m), Box::new(|_| {})).unwrap();
         let after = (proc_status_bytes("VmRSS"), pss_bytes());
         (after.0 as i64 - before.0 as i64, after.1 as i64 - before.1 as i64)
     };
@@ -39,8 +39,18 @@ fn two_roles_on_one_file_load_it_once() {
     // The control proves that a load of these bytes costs about the file's size...
     assert!(control.0 as f64 > 0.7 * file_bytes as f64, "control load grew RSS by only {} B", control.0);
     // ...and the second role on the same file costs only its own context.
-    assert!((shared.0 as f64) < 0.25 * control.0 as f64, "second role grew RSS by {} B (control {} B)", shared.0, control.0);
-    assert!((shared.1 as f64) < 0.25 * control.1 as f64, "second role grew Pss by {} B (control {} B)", shared.1, control.1);
+    assert!(
+        (shared.0 as f64) < 0.25 * control.0 as f64,
+        "second role grew RSS by {} B (control {} B)",
+        shared.0,
+        control.0
+    );
+    assert!(
+        (shared.1 as f64) < 0.25 * control.1 as f64,
+        "second role grew Pss by {} B (control {} B)",
+        shared.1,
+        control.1
+    );
     assert_eq!(engine.loaded_models(), 2);
     assert_eq!(engine.info("guard").unwrap().shares_model_with, vec!["thinker".to_string()]);
 }

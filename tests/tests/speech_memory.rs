@@ -1,7 +1,7 @@
 //! What the speech models cost in memory against the plan's estimate (file size × a factor
 //! measured here: tests print the measured factor). Alone in its process: the peak is ours.
 
-use kazeia_daemon::speech::{voice_for, Transcriber};
+use kazeia_daemon::speech::voice_for;
 use kazeia_memory_budget::onnx::{estimate_onnx, OnnxKind};
 use kazeia_tests::{config, proc_status_bytes};
 
@@ -15,7 +15,7 @@ fn speech_models_stay_within_their_estimate() {
     let tts_bytes = files(&[tts_file]);
 
     let before = proc_status_bytes("VmRSS");
-    let mut stt = Transcriber::load(&c).unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let speech: Vec<f32> = (0..16_000 * 3).map(|i| ((i as f32) * 0.05).sin() * 0.1).collect();
     stt.transcribe(&speech, Some("en"), &|| false).unwrap();
     let stt_peak = proc_status_bytes("VmHWM") - before;
@@ -30,7 +30,11 @@ fn speech_models_stay_within_their_estimate() {
     }
     for (name, file, peak, kind) in rows {
         let est = estimate_onnx(file, kind);
-        eprintln!("{name}: estimate {est} B (factor {}) vs measured {peak} B: ratio {:.3}", kind.factor(), est as f64 / peak as f64);
+        eprintln!(
+            "{name}: estimate {est} B (factor {}) vs measured {peak} B: ratio {:.3}",
+            kind.factor(),
+            est as f64 / peak as f64
+        );
         assert!(est >= peak, "{name}: the estimate {est} is below the measured {peak}");
         assert!(est as f64 <= peak as f64 * 1.25, "{name}: the estimate {est} is far above the measured {peak}");
     }

@@ -5,14 +5,14 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kazeia_tools::median;
 use anyhow::{bail, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
-use kazeia_daemon::engine::Engine;
+use kazeia_engine::Engine;
 use kazeia_ipc::Event;
 use kazeia_pipelines::split::first_sentence;
 use kazeia_pipelines::{run_turn, Engines, GenerateOptions, Pipeline, Registry, TurnInput};
+use kazeia_tools::median;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +36,11 @@ const PROMPTS: &[&str] = &[
 /// the moment the streamed tokens first hold a complete sentence (or the end of the reply).
 async fn ttfs(engine: &Engine, config: &Config, pipeline: &Pipeline, prompt: &str) -> Result<f64> {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let input = TurnInput { text: prompt.into(), options: GenerateOptions { temperature: Some(0.0), max_tokens: Some(64), ..Default::default() }, ..Default::default() };
+    let input = TurnInput {
+        text: prompt.into(),
+        options: GenerateOptions { temperature: Some(0.0), max_tokens: Some(64), ..Default::default() },
+        ..Default::default()
+    };
     let t0 = Instant::now();
     let engines = Engines { llm: engine, policy: &config.guard, sessions: None };
     let run = run_turn(pipeline, input, engines, CancellationToken::new(), tx);
@@ -67,7 +71,6 @@ async fn ttfs(engine: &Engine, config: &Config, pipeline: &Pipeline, prompt: &st
     Ok(r?.as_secs_f64() * 1e3)
 }
 
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -75,7 +78,7 @@ async fn main() -> Result<()> {
     let engine = Engine::new().with_exclusive_compute(config.daemon.exclusive_compute);
     for role in ["thinker", "guard"] {
         let m = config.model(role)?;
-        engine.load(m, config.model_path(m), Box::new(|_| {}))?;
+        engine.load(&m.role_params(), config.model_path(m), Box::new(|_| {}))?;
     }
     let reg = Registry::builtin();
     let chat = reg.get("chat")?.clone();

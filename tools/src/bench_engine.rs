@@ -3,16 +3,16 @@
 //!
 //! Run it through `tools/bench-engine`, which builds llama-bench from the same llama.cpp tree.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use kazeia_tools::median;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
-use kazeia_daemon::engine::Engine;
+use kazeia_engine::Engine;
 use kazeia_pipelines::{ChatMessage, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm};
+use kazeia_tools::median;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -37,7 +37,6 @@ struct Args {
     tg: u32,
 }
 
-
 fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> Result<GenSummary> {
     let req = GenerateRequest::new(role, vec![ChatMessage::new("user", text)], opts);
     let mut rx = engine.generate(req, CancellationToken::new()).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -51,9 +50,26 @@ fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> R
 }
 
 /// One llama-bench run: (prefill tok/s, decode tok/s).
-fn llama_bench(bin: &PathBuf, model: &PathBuf, threads: u32, n_batch: u32, n_ubatch: u32, pp: u32, tg: u32) -> Result<(f64, f64)> {
+fn llama_bench(
+    bin: &Path,
+    model: &Path,
+    threads: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+    pp: u32,
+    tg: u32,
+) -> Result<(f64, f64)> {
     let out = Command::new(bin)
-        .args(["-m", &model.display().to_string(), "-t", &threads.to_string(), "-p", &pp.to_string(), "-n", &tg.to_string()])
+        .args([
+            "-m",
+            &model.display().to_string(),
+            "-t",
+            &threads.to_string(),
+            "-p",
+            &pp.to_string(),
+            "-n",
+            &tg.to_string(),
+        ])
         .args(["-b", &n_batch.to_string(), "-ub", &n_ubatch.to_string(), "-r", "1", "-o", "json", "-ngl", "0"])
         .output()
         .with_context(|| format!("running {}", bin.display()))?;
@@ -80,12 +96,19 @@ fn main() -> Result<()> {
     let cfg = config.model(&args.role)?.clone();
     let path = config.model_path(&cfg);
     let engine = Engine::new().with_exclusive_compute(config.daemon.exclusive_compute);
-    engine.load(&cfg, path.clone(), Box::new(|_| {}))?;
+    engine.load(&cfg.role_params(), path.clone(), Box::new(|_| {}))?;
 
     // Size a chat prompt to just under `pp` tokens (templating adds a few).
     let unit = "The quick brown fox jumps over the lazy dog. ";
     let one = |k: usize| -> Result<u32> {
-        Ok(generate(&engine, &args.role, &unit.repeat(k), GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() })?.metrics.prompt_tokens)
+        Ok(generate(
+            &engine,
+            &args.role,
+            &unit.repeat(k),
+            GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() },
+        )?
+        .metrics
+        .prompt_tokens)
     };
     let (p10, p20) = (one(10)?, one(20)?);
     let per = f64::from(p20 - p10) / 10.0;
@@ -96,7 +119,8 @@ fn main() -> Result<()> {
     let prompt = |n: usize| format!("Run number {n}. {}", unit.repeat(k));
 
     let prefill_opts = GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() };
-    let decode_opts = GenerateOptions { max_tokens: Some(args.tg), temperature: Some(0.0), ignore_eos: true, ..Default::default() };
+    let decode_opts =
+        GenerateOptions { max_tokens: Some(args.tg), temperature: Some(0.0), ignore_eos: true, ..Default::default() };
     // Warm-up, as llama-bench does before it measures.
     // Both sides prefill exactly this many tokens: what our engine decodes (not reused).
     let warm = generate(&engine, &args.role, &prompt(1_000_000), prefill_opts.clone())?.metrics;
@@ -107,7 +131,10 @@ fn main() -> Result<()> {
 
     println!("model: {} ({} threads, n_batch {}, n_ubatch {})", path.display(), cfg.threads, cfg.n_batch, cfg.n_ubatch);
     println!("reference: {} {}", args.llama_bench.display(), args.reference);
-    println!("{:>4} {:>12} {:>12} {:>12} {:>12} {:>10}", "rep", "ours pp t/s", "ref pp t/s", "ours tg t/s", "ref tg t/s", "ours ttft");
+    println!(
+        "{:>4} {:>12} {:>12} {:>12} {:>12} {:>10}",
+        "rep", "ours pp t/s", "ref pp t/s", "ours tg t/s", "ref tg t/s", "ours ttft"
+    );
     let (mut opp, mut rpp, mut otg, mut rtg, mut ttft) = (vec![], vec![], vec![], vec![], vec![]);
     let started = Instant::now();
     for rep in 0..args.reps {
@@ -123,13 +150,17 @@ fn main() -> Result<()> {
         if rep % 2 == 0 {
             ours(&mut opp, &mut otg, &mut ttft)?;
         }
-        let (p, t) = llama_bench(&args.llama_bench, &path, cfg.threads, cfg.n_batch, cfg.n_ubatch, prefill_tokens, args.tg)?;
+        let (p, t) =
+            llama_bench(&args.llama_bench, &path, cfg.threads, cfg.n_batch, cfg.n_ubatch, prefill_tokens, args.tg)?;
         rpp.push(p);
         rtg.push(t);
         if rep % 2 == 1 {
             ours(&mut opp, &mut otg, &mut ttft)?;
         }
-        println!("{rep:>4} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>8.0}ms", opp[rep], rpp[rep], otg[rep], rtg[rep], ttft[rep]);
+        println!(
+            "{rep:>4} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>8.0}ms",
+            opp[rep], rpp[rep], otg[rep], rtg[rep], ttft[rep]
+        );
     }
     let (mopp, mrpp, motg, mrtg) = (median(opp), median(rpp), median(otg), median(rtg));
     println!(

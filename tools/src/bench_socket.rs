@@ -13,11 +13,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kazeia_tools::median;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
 use kazeia_ipc::{Client, Event, Incoming, TurnOptions};
+use kazeia_tools::median;
 
 #[derive(Parser)]
 struct Args {
@@ -68,7 +68,12 @@ async fn ours(client: &Client, n: usize, max_tokens: u32) -> Result<Seen> {
     let id = client.new_id();
     let start = Instant::now();
     let mut rx = client
-        .turn(&id, "chat", &prompt(n), TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens) })
+        .turn(
+            &id,
+            "chat",
+            &prompt(n),
+            TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens) },
+        )
         .await?;
     let mut stamps = Vec::new();
     while let Some(item) = rx.recv().await {
@@ -121,7 +126,6 @@ impl Drop for Kill {
     }
 }
 
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -158,7 +162,11 @@ async fn main() -> Result<()> {
     let t = Instant::now();
     let client = loop {
         if let Ok(c) = Client::connect(&socket, "bench").await {
-            if c.status().await.map(|s| s.models.iter().any(|x| x.role == args.role && x.state == kazeia_ipc::ModelState::Loaded)).unwrap_or(false) {
+            if c.status()
+                .await
+                .map(|s| s.models.iter().any(|x| x.role == args.role && x.state == kazeia_ipc::ModelState::Loaded))
+                .unwrap_or(false)
+            {
                 break c;
             }
         }
@@ -181,9 +189,20 @@ async fn main() -> Result<()> {
     ours(&client, 1000, 8).await?;
     tokio::task::block_in_place(|| theirs(port, 1001, 8))?;
 
-    println!("model: {} ({} threads, n_ctx {}, n_batch {}, n_ubatch {}), greedy, {} tokens max", model.display(), m.threads, m.n_ctx, m.n_batch, m.n_ubatch, args.max_tokens);
+    println!(
+        "model: {} ({} threads, n_ctx {}, n_batch {}, n_ubatch {}), greedy, {} tokens max",
+        model.display(),
+        m.threads,
+        m.n_ctx,
+        m.n_batch,
+        m.n_ubatch,
+        args.max_tokens
+    );
     println!("reference: {} {}", args.llama_server.display(), args.reference);
-    println!("{:>4} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8}", "rep", "ours ttft", "ref ttft", "ours tok/s", "ref tok/s", "ours n", "ref n");
+    println!(
+        "{:>4} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8}",
+        "rep", "ours ttft", "ref ttft", "ours tok/s", "ref tok/s", "ours n", "ref n"
+    );
     let (mut ot, mut rt, mut od, mut rd) = (vec![], vec![], vec![], vec![]);
     for rep in 0..args.reps {
         // Both sides get the same prompts (2·rep and 2·rep+1), in alternating order.
@@ -195,7 +214,10 @@ async fn main() -> Result<()> {
             let r = tokio::task::block_in_place(|| theirs(port, b, args.max_tokens))?;
             (ours(&client, b, args.max_tokens).await?, r)
         };
-        println!("{rep:>4} {:>10.1}ms {:>10.1}ms {:>12.1} {:>12.1} {:>8} {:>8}", o.ttft_ms, r.ttft_ms, o.decode_tok_s, r.decode_tok_s, o.tokens, r.tokens);
+        println!(
+            "{rep:>4} {:>10.1}ms {:>10.1}ms {:>12.1} {:>12.1} {:>8} {:>8}",
+            o.ttft_ms, r.ttft_ms, o.decode_tok_s, r.decode_tok_s, o.tokens, r.tokens
+        );
         ot.push(o.ttft_ms);
         rt.push(r.ttft_ms);
         od.push(o.decode_tok_s);

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
-use kazeia_daemon::speech::{audio, voice_for, Transcriber};
+use kazeia_daemon::speech::{audio, voice_for};
 use kazeia_tools::median;
 
 #[derive(Parser)]
@@ -52,9 +52,12 @@ fn main() -> Result<()> {
         Ok((path, samples, texts.join(" ")))
     };
     let clips = [clip(&SENTENCES[..2], "short.wav")?, clip(SENTENCES, "long.wav")?];
-    let mut stt = Transcriber::load(&config).map_err(|e| anyhow!("{e}"))?;
+    let mut stt = kazeia_daemon::speech::transcriber(&config).map_err(|e| anyhow!("{e}"))?;
     let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference-stt");
-    println!("{:<6} {:>7} {:>10} {:>10} {:>8}  transcripts (ours | reference)", "clip", "audio s", "ours rtf", "ref rtf", "ratio");
+    println!(
+        "{:<6} {:>7} {:>10} {:>10} {:>8}  transcripts (ours | reference)",
+        "clip", "audio s", "ours rtf", "ref rtf", "ratio"
+    );
     let (mut ours_total, mut ref_total, mut audio_total) = (0.0, 0.0, 0.0);
     for (path, samples, _said) in &clips {
         let secs = samples.len() as f64 / 16_000.0;
@@ -79,7 +82,14 @@ fn main() -> Result<()> {
             ref_text = v["text"].as_str().unwrap_or_default().to_string();
         }
         let (o, r) = (median(ours), median(refs));
-        println!("{:<6} {:>7.1} {:>10.3} {:>10.3} {:>8.3}  {ours_text:?} | {ref_text:?}", path.file_stem().unwrap().to_string_lossy(), secs, o / secs, r / secs, o / r);
+        println!(
+            "{:<6} {:>7.1} {:>10.3} {:>10.3} {:>8.3}  {ours_text:?} | {ref_text:?}",
+            path.file_stem().unwrap().to_string_lossy(),
+            secs,
+            o / secs,
+            r / secs,
+            o / r
+        );
         ours_total += o;
         ref_total += r;
         audio_total += secs;

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
-use kazeia_daemon::engine::Engine;
+use kazeia_engine::Engine;
 use kazeia_pipelines::{ChatMessage, GenEvent, GenerateOptions, GenerateRequest, Llm};
 use tokio_util::sync::CancellationToken;
 
@@ -52,17 +52,29 @@ async fn main() -> Result<()> {
     let base = status_bytes("VmRSS");
     println!("{:<8} {:>12} {:>14} {:>8}", "role", "plan MiB", "measured MiB", "ratio");
     let (mut planned_total, mut measured_total) = (0u64, 0u64);
-    for m in &plan.models {
+    // The language models only: the plan's speech rows (ONNX, `stt`/`tts`) are not llama.cpp
+    // roles, and their own estimate is checked by tests/tests/speech_memory.rs.
+    for m in plan.models.iter().filter(|m| config.model(&m.role).is_ok()) {
         let mut cfg = config.model(&m.role).map_err(|e| anyhow!("{e}"))?.clone();
         cfg.threads = args.threads;
         let before = status_bytes("VmRSS");
         let t = std::time::Instant::now();
-        engine.load(&cfg, config.model_path(&cfg), Box::new(|_| {})).with_context(|| format!("loading {}", m.role))?;
+        engine
+            .load(&cfg.role_params(), config.model_path(&cfg), Box::new(|_| {}))
+            .with_context(|| format!("loading {}", m.role))?;
         let load_s = t.elapsed().as_secs_f64();
         // A full ubatch of prompt, whatever the tokenizer, then a few tokens.
         let text = "The quick brown fox jumps over the lazy dog. ".repeat(cfg.n_ubatch as usize / 8);
-        let opts = GenerateOptions { max_tokens: Some(args.tokens), ignore_eos: true, temperature: Some(0.0), ..Default::default() };
-        let mut rx = engine.generate(GenerateRequest::new(&m.role, vec![ChatMessage::new("user", text)], opts), CancellationToken::new())?;
+        let opts = GenerateOptions {
+            max_tokens: Some(args.tokens),
+            ignore_eos: true,
+            temperature: Some(0.0),
+            ..Default::default()
+        };
+        let mut rx = engine.generate(
+            GenerateRequest::new(&m.role, vec![ChatMessage::new("user", text)], opts),
+            CancellationToken::new(),
+        )?;
         let summary = loop {
             match rx.recv().await {
                 Some(GenEvent::Finished(r)) => break r.map_err(|e| anyhow!("{}: {e}", m.role))?,
@@ -78,12 +90,25 @@ async fn main() -> Result<()> {
             summary.metrics.generated_tokens,
             mib(status_bytes("VmRSS"))
         );
-        println!("{:<8} {:>12.1} {:>14.1} {:>8.3}", m.role, mib(m.total_bytes), mib(measured), m.total_bytes as f64 / measured as f64);
+        println!(
+            "{:<8} {:>12.1} {:>14.1} {:>8.3}",
+            m.role,
+            mib(m.total_bytes),
+            mib(measured),
+            m.total_bytes as f64 / measured as f64
+        );
         planned_total += m.total_bytes;
         measured_total += measured;
     }
     let peak = status_bytes("VmHWM").saturating_sub(base);
-    println!("{:<8} {:>12.1} {:>14.1} {:>8.3}   (peak of the whole run: {:.1} MiB)", "total", mib(planned_total), mib(measured_total), planned_total as f64 / measured_total as f64, mib(peak));
+    println!(
+        "{:<8} {:>12.1} {:>14.1} {:>8.3}   (peak of the whole run: {:.1} MiB)",
+        "total",
+        mib(planned_total),
+        mib(measured_total),
+        planned_total as f64 / measured_total as f64,
+        mib(peak)
+    );
     println!("plan/measured={:.3}", planned_total as f64 / peak as f64);
     Ok(())
 }

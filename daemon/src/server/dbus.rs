@@ -9,6 +9,7 @@
 //!   `MemoryPressure(s level, t available_bytes)`;
 //! - methods: `Status() -> s` (the socket's status report, as JSON), `CancelAll() -> u` (turns
 //!   cancelled).
+//!
 //! The bus is a side door: if it cannot be reached the daemon says so and serves on its socket.
 
 use std::collections::BTreeSet;
@@ -103,7 +104,11 @@ pub async fn publish(cfg: DbusConfig, sup: Arc<Supervisor>) {
     let conn = match connect(&cfg, sup.clone()).await {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("D-Bus: cannot publish {} on the {} bus: {e}; serving on the socket only", cfg.name, cfg.bus);
+            tracing::error!(
+                "D-Bus: cannot publish {} on the {} bus: {e}; serving on the socket only",
+                cfg.name,
+                cfg.bus
+            );
             return;
         }
     };

@@ -4,12 +4,11 @@
 //! turns finish within the grace time, cancel the rest, close connections, unload the models,
 //! remove the socket file.
 
-pub mod dbus;
-mod heap;
 pub mod connection;
+#[cfg(feature = "dbus")]
+pub mod dbus;
+mod handlers;
 pub mod socket;
-pub mod supervisor;
-pub mod voice;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,13 +20,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+pub use crate::supervisor::Supervisor;
 pub use socket::{default_path, SocketError};
-pub use supervisor::Supervisor;
 
 pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
     let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
     let bound = socket::bind(&path)?;
-    heap::fix_mmap_threshold();
     apply_htp_sessions(&config);
     let grace = config.daemon.shutdown_grace;
     let preload = config.daemon.preload;
@@ -51,7 +49,10 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
     }
 
     if sup.config.dbus.enabled {
+        #[cfg(feature = "dbus")]
         tokio::spawn(dbus::publish(sup.config.dbus.clone(), sup.clone()));
+        #[cfg(not(feature = "dbus"))]
+        tracing::warn!("[dbus] enabled = true, but this kazeia was built without D-Bus (cargo feature `dbus`)");
     }
 
     // Every second: keep-alive (unload roles idle past their `keep_alive`) and memory pressure.
@@ -101,13 +102,21 @@ fn apply_htp_sessions(config: &Config) {
         return;
     }
     let Ok(plan) = crate::plan::plan(config) else { return };
-    if let Some(devices) = plan.models.iter().filter_map(|m| m.htp_devices.clone()).max_by_key(|d| d.split(',').count()) {
+    if let Some(devices) = plan.models.iter().filter_map(|m| m.htp_devices.clone()).max_by_key(|d| d.split(',').count())
+    {
         tracing::info!(%devices, "GGML_HEXAGON_DEVICES from the memory plan");
         std::env::set_var("GGML_HEXAGON_DEVICES", devices);
     }
 }
 
-async fn shutdown(sup: Arc<Supervisor>, bound: socket::Bound, closing: CancellationToken, mut conns: JoinSet<()>, grace: Duration, why: &str) {
+async fn shutdown(
+    sup: Arc<Supervisor>,
+    bound: socket::Bound,
+    closing: CancellationToken,
+    mut conns: JoinSet<()>,
+    grace: Duration,
+    why: &str,
+) {
     sup.stopping.cancel();
     // Logged once new turns are refused: whoever reads this line may rely on it.
     tracing::info!("{why}: shutting down");

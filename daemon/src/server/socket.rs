@@ -120,6 +120,7 @@ pub fn bind(path: &Path) -> Result<Bound, SocketError> {
         Err(source) => return Err(SocketError::Bind { path: show, source }),
     }
     let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind { path: show.clone(), source })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| SocketError::Bind { path: show, source })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|source| SocketError::Bind { path: show, source })?;
     Ok(Bound::Owned { listener, path: path.to_path_buf() })
 }

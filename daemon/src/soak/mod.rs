@@ -57,16 +57,24 @@ pub struct SoakArgs {
 
 /// Run the soak; Ok(verdict) whether it passed or not (the caller sets the exit code).
 pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
-    let probe = Client::connect(&socket, "kazeia-soak").await.map_err(|e| anyhow!("connect {}: {e}", socket.display()))?;
+    let probe =
+        Client::connect(&socket, "kazeia-soak").await.map_err(|e| anyhow!("connect {}: {e}", socket.display()))?;
     let status = probe.status().await.map_err(|e| anyhow!("status: {e}"))?;
     let pid = status.pid;
     let budget = status.budget_bytes;
     // Language-model roles only: the speech models load with audio turns, not by request.
-    let roles: Vec<String> = status.models.iter().filter(|m| m.architecture.as_deref() != Some("onnx")).map(|m| m.role.clone()).collect();
+    let roles: Vec<String> =
+        status.models.iter().filter(|m| m.architecture.as_deref() != Some("onnx")).map(|m| m.role.clone()).collect();
     drop(probe);
     tracing::info!(pid, budget, ?roles, "soaking the daemon: {} turns, {} clients", args.turns, args.clients);
 
-    let plan = Arc::new(workload::Plan { socket: socket.clone(), turns: args.turns, max_tokens: args.max_tokens, roles, pipelines: status.pipelines.clone() });
+    let plan = Arc::new(workload::Plan {
+        socket: socket.clone(),
+        turns: args.turns,
+        max_tokens: args.max_tokens,
+        roles,
+        pipelines: status.pipelines.clone(),
+    });
     let next = Arc::new(AtomicU64::new(0));
     let counts = Arc::new(workload::Counts::default());
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
@@ -98,7 +106,12 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     }
     let mut clients = tokio::task::JoinSet::new();
     for i in 0..args.clients.max(1) {
-        clients.spawn(workload::client(plan.clone(), next.clone(), counts.clone(), args.seed.wrapping_mul(1000).wrapping_add(u64::from(i))));
+        clients.spawn(workload::client(
+            plan.clone(),
+            next.clone(),
+            counts.clone(),
+            args.seed.wrapping_mul(1000).wrapping_add(u64::from(i)),
+        ));
     }
     let mut client_errors = Vec::new();
     loop {

@@ -48,7 +48,16 @@ pub fn judge(samples: &[Sample], budget_bytes: u64, warmup: f64, max_drift: f64)
     let tenth = rest.len() / 10;
     if tenth < 3 {
         failures.push(format!("too few samples after warm-up to judge drift ({}; need 30)", rest.len()));
-        return Verdict { samples: samples.len(), peak_rss_bytes, budget_bytes, rss_drift: 0.0, anon_drift: 0.0, fds: (0, 0), threads: (0, 0), failures };
+        return Verdict {
+            samples: samples.len(),
+            peak_rss_bytes,
+            budget_bytes,
+            rss_drift: 0.0,
+            anon_drift: 0.0,
+            fds: (0, 0),
+            threads: (0, 0),
+            failures,
+        };
     }
     let (first, last) = (&rest[..tenth], &rest[rest.len() - tenth..]);
     let drift = |f: fn(&Sample) -> u64| {
@@ -59,7 +68,11 @@ pub fn judge(samples: &[Sample], budget_bytes: u64, warmup: f64, max_drift: f64)
     let rss_drift = drift(|s| s.rss_bytes);
     let anon_drift = drift(|s| s.anon_bytes);
     if rss_drift > max_drift {
-        failures.push(format!("RSS drifted by {:+.2}% between the first and the last tenth (limit {:.0}%)", rss_drift * 100.0, max_drift * 100.0));
+        failures.push(format!(
+            "RSS drifted by {:+.2}% between the first and the last tenth (limit {:.0}%)",
+            rss_drift * 100.0,
+            max_drift * 100.0
+        ));
     }
     let grew = |f: fn(&Sample) -> u64| {
         let was = first.iter().map(f).max().unwrap_or(0);
@@ -81,7 +94,11 @@ pub fn write_csv(path: &Path, samples: &[Sample], budget_bytes: u64) -> std::io:
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(f, "t_s,rss_bytes,anon_bytes,fds,threads,turns,budget_bytes")?;
     for s in samples {
-        writeln!(f, "{:.3},{},{},{},{},{},{}", s.t_s, s.rss_bytes, s.anon_bytes, s.fds, s.threads, s.turns, budget_bytes)?;
+        writeln!(
+            f,
+            "{:.3},{},{},{},{},{},{}",
+            s.t_s, s.rss_bytes, s.anon_bytes, s.fds, s.threads, s.turns, budget_bytes
+        )?;
     }
     f.flush()
 }
@@ -97,9 +114,16 @@ const FONTS: &[&str] = &[
 fn register_font() -> Result<(), String> {
     static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
-        let path = FONTS.iter().find(|p| Path::new(p).is_file()).ok_or_else(|| format!("no font for the plot's text (looked for {}; Debian: apt install fonts-dejavu-core)", FONTS.join(", ")))?;
-        let bytes: &'static [u8] = Box::leak(std::fs::read(path).map_err(|e| format!("{path}: {e}"))?.into_boxed_slice());
-        plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes).map_err(|_| format!("{path}: not a usable font"))
+        let path = FONTS.iter().find(|p| Path::new(p).is_file()).ok_or_else(|| {
+            format!(
+                "no font for the plot's text (looked for {}; Debian: apt install fonts-dejavu-core)",
+                FONTS.join(", ")
+            )
+        })?;
+        let bytes: &'static [u8] =
+            Box::leak(std::fs::read(path).map_err(|e| format!("{path}: {e}"))?.into_boxed_slice());
+        plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
+            .map_err(|_| format!("{path}: not a usable font"))
     })
     .clone()
 }
@@ -144,12 +168,21 @@ pub fn plot(path: &Path, samples: &[Sample], budget_bytes: u64, title: &str) -> 
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
         if with_budget && budget_bytes > 0 {
             chart
-                .draw_series(LineSeries::new([(0.0, mib(budget_bytes)), (t_max, mib(budget_bytes))], RED.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    [(0.0, mib(budget_bytes)), (t_max, mib(budget_bytes))],
+                    RED.stroke_width(2),
+                ))
                 .map_err(e)?
                 .label("budget")
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw().map_err(e)?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(e)?;
     }
     root.present().map_err(e)?;
     Ok(())

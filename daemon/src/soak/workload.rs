@@ -52,7 +52,10 @@ pub struct Counts {
 
 impl Counts {
     pub fn finished(&self) -> u64 {
-        self.done.load(Ordering::Relaxed) + self.cancelled.load(Ordering::Relaxed) + self.vanished.load(Ordering::Relaxed) + self.busy.load(Ordering::Relaxed)
+        self.done.load(Ordering::Relaxed)
+            + self.cancelled.load(Ordering::Relaxed)
+            + self.vanished.load(Ordering::Relaxed)
+            + self.busy.load(Ordering::Relaxed)
     }
 }
 
@@ -135,7 +138,9 @@ async fn connect(plan: &Plan) -> Result<Client, String> {
 
 /// The last event of a request (unloading a role already unloaded is an error we expect).
 async fn request(c: &Client, req: Request) -> Event {
-    let Ok(mut rx) = c.send(req).await else { return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into() } };
+    let Ok(mut rx) = c.send(req).await else {
+        return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into() };
+    };
     loop {
         match rx.recv().await {
             Some(Incoming::Event(Event::LoadProgress { .. })) => {}

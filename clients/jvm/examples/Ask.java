@@ -1,0 +1,76 @@
+// Why: what `kazeia ask` does, written with this library: one turn, streamed to stdout, the
+// verdicts and metrics on stderr, Ctrl-C cancels the turn. Usage:
+//   java -cp kazeia-client.jar:. Ask [--socket PATH] [--pipeline P] [--session S]
+//        [--temperature T] [--seed N] [--max-tokens N] [--json] TEXT
+import java.nio.file.Path;
+import java.util.Locale;
+
+import org.kazeia.client.Client;
+import org.kazeia.client.Event;
+import org.kazeia.client.KazeiaException;
+import org.kazeia.client.Options;
+import org.kazeia.client.Turn;
+import org.kazeia.client.TurnRequest;
+
+public final class Ask {
+    public static void main(String[] args) {
+        Path socket = Client.defaultSocket();
+        String pipeline = "chat";
+        String text = null;
+        String session = null;
+        Double temperature = null;
+        Long seed = null;
+        Long maxTokens = null;
+        for (int i = 0; i < args.length; i++) {
+            switch (args[i]) {
+                case "--socket": socket = Path.of(args[++i]); break;
+                case "--pipeline": pipeline = args[++i]; break;
+                case "--session": session = args[++i]; break;
+                case "--temperature": temperature = Double.parseDouble(args[++i]); break;
+                case "--seed": seed = Long.parseLong(args[++i]); break;
+                case "--max-tokens": maxTokens = Long.parseLong(args[++i]); break;
+                default: text = args[i];
+            }
+        }
+        if (text == null) {
+            System.err.println("usage: Ask [--socket PATH] [--pipeline P] [--temperature T] [--seed N] [--max-tokens N] TEXT");
+            System.exit(2);
+        }
+        TurnRequest req = TurnRequest.text(pipeline, text).session(session);
+        if (temperature != null) req.temperature(temperature);
+        if (seed != null) req.seed(seed);
+        if (maxTokens != null) req.maxTokens(maxTokens);
+        try (Client client = Client.connect(socket, new Options().clientName("kazeia-jvm-ask"))) {
+            Turn turn = client.turn(req);
+            // Ctrl-C cancels the turn in the daemon; we still read on until its done.
+            Thread hook = new Thread(turn::cancel);
+            Runtime.getRuntime().addShutdownHook(hook);
+            int code = 0;
+            for (Event e : turn) {
+                if (e instanceof Event.Accepted) {
+                    System.err.println("[request " + e.id() + "]");
+                } else if (e instanceof Event.Token t) {
+                    System.out.print(t.text());
+                    System.out.flush();
+                } else if (e instanceof Event.Verdict v) {
+                    System.err.printf(Locale.ROOT, "[%s guard: %s, %.0f ms]%n", v.stage(), v.label(), v.ms());
+                } else if (e instanceof Event.Done d) {
+                    System.out.println();
+                    String note = "eos".equals(d.stop()) ? "" : " (stopped: " + d.stop() + ")";
+                    System.err.printf(Locale.ROOT, "[%d prompt + %d generated tokens, ttft %.0f ms, prefill %.1f tok/s, decode %.1f tok/s]%s%n",
+                            d.metrics().promptTokens(), d.metrics().generatedTokens(), d.metrics().ttftMs(),
+                            d.metrics().prefillTokS(), d.metrics().decodeTokS(), note);
+                } else if (e instanceof Event.Error err) {
+                    System.out.flush();
+                    System.err.println("error [" + err.code() + "]: " + err.message());
+                    code = 1;
+                }
+            }
+            Runtime.getRuntime().removeShutdownHook(hook);
+            System.exit(code);
+        } catch (KazeiaException e) {
+            System.err.println("error [" + e.code() + "]: " + e.messageOnly());
+            System.exit(1);
+        }
+    }
+}

@@ -1,0 +1,506 @@
+// Why: one connection to the daemon: the handshake, a reader thread that routes every frame
+// by request id to its open request, and the requests themselves (turn, status, load,
+// unload, subscribe, cancel). Thread-safe: requests may run concurrently on one Client.
+package org.kazeia.client;
+
+import java.io.IOException;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.security.SecureRandom;
+import java.time.Duration;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Consumer;
+import java.util.function.DoubleConsumer;
+import java.util.function.Predicate;
+
+public final class Client implements AutoCloseable {
+    /** The protocol version this library speaks. */
+    public static final int PROTOCOL = 1;
+    /** Frame limit assumed until welcome says otherwise (PROTOCOL.md §2). */
+    private static final int DEFAULT_MAX_FRAME = 1 << 20;
+
+    private final Transport transport;
+    private final Options options;
+    private final Map<String, Route> routes = new ConcurrentHashMap<>();
+    private final Object writeLock = new Object();
+    private final String idPrefix;
+    private final AtomicLong nextId = new AtomicLong(1);
+    private final CompletableFuture<Welcome> handshake = new CompletableFuture<>();
+    private final Thread reader;
+    private volatile Welcome welcome;
+    private volatile KazeiaException closedBy;
+    /** The last connection-level error: when the daemon then closes, it is the reason. */
+    private volatile Event.Error lastConnectionError;
+
+    private Client(Transport transport, Options options) {
+        this.transport = transport;
+        this.options = options;
+        byte[] r = new byte[4];
+        new SecureRandom().nextBytes(r);
+        this.idPrefix = String.format("jvm-%02x%02x%02x%02x-", r[0], r[1], r[2], r[3]);
+        this.reader = new Thread(this::readLoop, "kazeia-reader");
+        this.reader.setDaemon(true);
+    }
+
+    // ------------------------------------------------------------------ connecting
+
+    /** Connect to the default socket ({@link #defaultSocket()}). */
+    public static Client connect() {
+        return connect(defaultSocket(), new Options());
+    }
+
+    public static Client connect(Path socket) {
+        return connect(socket, new Options());
+    }
+
+    public static Client connect(Path socket, Options options) {
+        return connect(UnixTransport.connect(socket), options);
+    }
+
+    /** Handshake over an already connected transport (e.g. Android's LocalSocketTransport). */
+    public static Client connect(Transport transport, Options options) {
+        Client c = new Client(transport, options);
+        c.hello();
+        return c;
+    }
+
+    /**
+     * $KAZEIA_SOCKET, else $XDG_RUNTIME_DIR/kazeia/engine.sock, else
+     * ~/.cache/kazeia/run/engine.sock (PROTOCOL.md §1).
+     */
+    public static Path defaultSocket() {
+        String env = System.getenv("KAZEIA_SOCKET");
+        if (env != null && !env.isEmpty()) {
+            return Paths.get(env);
+        }
+        String xdg = System.getenv("XDG_RUNTIME_DIR");
+        if (xdg != null && !xdg.isEmpty()) {
+            return Paths.get(xdg, "kazeia", "engine.sock");
+        }
+        return Paths.get(System.getProperty("user.home"), ".cache", "kazeia", "run", "engine.sock");
+    }
+
+    private void hello() {
+        reader.start();
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("type", "hello");
+        m.put("protocol", PROTOCOL);
+        m.put("client", options.clientName());
+        try {
+            byte[] f = Frames.json(m);
+            synchronized (writeLock) {
+                transport.write(f, 0, f.length);
+            }
+        } catch (IOException e) {
+            // A refused peer may find the socket closed before hello is written: the reader
+            // still gets the refusal (permission_denied …), so wait for it below.
+        }
+        try {
+            welcome = handshake.get(options.connectTimeout().toMillis(), TimeUnit.MILLISECONDS);
+        } catch (TimeoutException e) {
+            KazeiaException t = new KazeiaException(ErrorCode.TIMEOUT, "no welcome within " + options.connectTimeout());
+            shutdown(t);
+            throw t;
+        } catch (ExecutionException e) {
+            KazeiaException k = asKazeia(e.getCause());
+            shutdown(k);
+            throw k;
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            KazeiaException k = new KazeiaException(ErrorCode.CONNECTION_CLOSED, "interrupted during the handshake");
+            shutdown(k);
+            throw k;
+        }
+    }
+
+    // ------------------------------------------------------------------ what the daemon said
+
+    public Welcome welcome() {
+        return welcome;
+    }
+
+    public Welcome.Limits limits() {
+        return welcome.limits();
+    }
+
+    public boolean isOpen() {
+        return closedBy == null;
+    }
+
+    /** Why the connection ended, or null while it is open. */
+    public KazeiaException closeReason() {
+        return closedBy;
+    }
+
+    /** A fresh request id, unique to this client (and, by its random prefix, across clients). */
+    public String newId() {
+        return idPrefix + nextId.getAndIncrement();
+    }
+
+    Options options() {
+        return options;
+    }
+
+    // ------------------------------------------------------------------ requests
+
+    /** Start a turn whose events are read with {@link Turn#next()}, iteration or {@link Turn#await()}. */
+    public Turn turn(TurnRequest request) {
+        return turn(request, null);
+    }
+
+    /**
+     * Start a turn whose events are given to {@code listener} on the reader thread, in order,
+     * ending with exactly one Done or Error (connection_closed if the connection drops).
+     * The listener must return quickly: the daemon drops a client that stops reading.
+     */
+    public Turn turn(TurnRequest request, Consumer<Event> listener) {
+        String id = request.id() != null ? request.id() : newId();
+        Turn t = new Turn(this, id, request, listener);
+        open(id, t, Frames.json(request.toJson(id)));
+        return t;
+    }
+
+    /** Shorthand: a chat turn with this text, awaited. */
+    public TurnResult ask(String text) {
+        return turn(TurnRequest.text(text)).await();
+    }
+
+    /** The daemon's state. */
+    public StatusReport status() {
+        String id = newId();
+        Event e = call(id, request("status", id, null), ev -> ev instanceof Event.Status, options.requestTimeout(), null);
+        return ((Event.Status) e).status();
+    }
+
+    /** Load a role (no-op when loaded); blocks until loaded. Errors: no_model, model_file, over_budget… */
+    public void load(String role) {
+        load(role, null);
+    }
+
+    /** Load a role, reporting progress (0..1) on the reader thread. */
+    public void load(String role, DoubleConsumer progress) {
+        String id = newId();
+        Consumer<Event> p = progress == null ? null : ev -> {
+            if (ev instanceof Event.LoadProgress) {
+                progress.accept(((Event.LoadProgress) ev).progress());
+            }
+        };
+        call(id, request("load", id, role), ev -> ev instanceof Event.Loaded, options.loadTimeout(), p);
+    }
+
+    /** Unload a role. Error no_model when it is not loaded. */
+    public void unload(String role) {
+        String id = newId();
+        call(id, request("unload", id, role), ev -> ev instanceof Event.Unloaded, options.requestTimeout(), null);
+    }
+
+    /**
+     * Receive a status now and each time a model's state changes, until the connection closes
+     * or the subscription is closed. Waits for the first status (also given to the listener).
+     */
+    public Subscription subscribe(Consumer<StatusReport> listener) {
+        String id = newId();
+        Subscription s = new Subscription(this, id, listener);
+        open(id, s, Frames.json(request("subscribe", id, null)));
+        s.awaitFirst(options.requestTimeout());
+        return s;
+    }
+
+    /**
+     * Cancel a running request by id: one of this client's turns, or a turn of another connection
+     * of the same uid (as `kazeia cancel ID`). No answer on success; an unknown id gets an error
+     * unknown_request, given to {@link Options#onEvent} when the id is not one of this client's.
+     */
+    public void cancel(String id) {
+        send(Frames.json(request("cancel", id, null)));
+    }
+
+    /** Close the connection; open requests end with connection_closed. The daemon cancels their turns. */
+    @Override
+    public void close() {
+        shutdown(new KazeiaException(ErrorCode.CONNECTION_CLOSED, "the client closed the connection"));
+    }
+
+    // ------------------------------------------------------------------ plumbing for requests
+
+    private static Map<String, Object> request(String type, String id, String role) {
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("type", type);
+        m.put("id", id);
+        if (role != null) {
+            m.put("role", role);
+        }
+        return m;
+    }
+
+    /** Register a route under {@code id}, then send its request frame. */
+    void open(String id, Route route, byte[] frame) {
+        synchronized (routes) {
+            if (closedBy != null) {
+                throw closedBy.forRequest(id);
+            }
+            if (routes.putIfAbsent(id, route) != null) {
+                throw new KazeiaException(ErrorCode.DUPLICATE_ID, "request " + id + " is already open on this client", id, null);
+            }
+        }
+        try {
+            send(frame);
+        } catch (KazeiaException e) {
+            routes.remove(id, route);
+            throw e.forRequest(id);
+        }
+    }
+
+    /** A request with one final answer, awaited; an error answer is thrown. */
+    private Event call(String id, Map<String, Object> req, Predicate<Event> answer, Duration timeout, Consumer<Event> progress) {
+        CompletableFuture<Event> result = new CompletableFuture<>();
+        Route r = new Route() {
+            @Override
+            public boolean isFinal(Event e) {
+                return e instanceof Event.Error || answer.test(e);
+            }
+
+            @Override
+            public void deliver(Event e) {
+                if (isFinal(e)) {
+                    result.complete(e);
+                } else if (progress != null) {
+                    progress.accept(e);
+                }
+            }
+
+            @Override
+            public void fail(KazeiaException e) {
+                result.completeExceptionally(e);
+            }
+        };
+        open(id, r, Frames.json(req));
+        Event e = waitFor(result, timeout, id);
+        if (e instanceof Event.Error) {
+            throw ((Event.Error) e).exception();
+        }
+        return e;
+    }
+
+    /** Wait for a request's answer; on timeout the request is forgotten (its late answer goes to onEvent). */
+    <T> T waitFor(CompletableFuture<T> f, Duration timeout, String id) {
+        notOnReader();
+        try {
+            return f.get(timeout.toMillis(), TimeUnit.MILLISECONDS);
+        } catch (TimeoutException e) {
+            Route r = routes.get(id);
+            if (r != null) {
+                routes.remove(id, r);
+            }
+            throw new KazeiaException(ErrorCode.TIMEOUT, "no answer to " + id + " within " + timeout, id, null);
+        } catch (ExecutionException e) {
+            throw asKazeia(e.getCause()).forRequest(id);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new KazeiaException(ErrorCode.TIMEOUT, "interrupted while waiting for " + id, id, e);
+        }
+    }
+
+    /** Blocking from a listener would wait for the thread that must deliver the answer. */
+    void notOnReader() {
+        if (Thread.currentThread() == reader) {
+            throw new IllegalStateException("blocking call from a Kazeia listener (the reader thread): hand it to another thread");
+        }
+    }
+
+    /** Write one whole frame, refusing it here when it is over the daemon's max_frame. */
+    void send(byte[] frame) {
+        checkLength(frame.length - 4L);
+        KazeiaException c = closedBy;
+        if (c != null) {
+            throw new KazeiaException(c.code(), c.messageOnly());
+        }
+        try {
+            synchronized (writeLock) {
+                transport.write(frame, 0, frame.length);
+            }
+        } catch (IOException e) {
+            shutdown(new KazeiaException(ErrorCode.CONNECTION_CLOSED, "cannot write to the daemon: " + e.getMessage(), null, e));
+            KazeiaException why = closedBy;
+            throw new KazeiaException(why.code(), why.messageOnly());
+        }
+    }
+
+    /** Refuse (before sending) a frame whose length is over the daemon's max_frame. */
+    void checkLength(long length) {
+        int limit = welcome != null ? welcome.limits().maxFrame() : DEFAULT_MAX_FRAME;
+        if (length > limit) {
+            throw new KazeiaException(ErrorCode.FRAME_TOO_LARGE, "a frame of " + length
+                    + " bytes is over the daemon's limit of " + limit + " bytes (welcome limits.max_frame); not sent");
+        }
+    }
+
+    void forget(String id, Route route) {
+        routes.remove(id, route);
+    }
+
+    static KazeiaException asKazeia(Throwable t) {
+        if (t instanceof KazeiaException) {
+            return (KazeiaException) t;
+        }
+        return new KazeiaException(ErrorCode.UNEXPECTED, String.valueOf(t), null, t);
+    }
+
+    // ------------------------------------------------------------------ the reader thread
+
+    private void readLoop() {
+        FrameReader in = new FrameReader(transport);
+        KazeiaException end;
+        try {
+            while (true) {
+                Welcome w = welcome;
+                // The daemon's frames obey its own max_frame; accept at least the default.
+                int limit = Math.max(DEFAULT_MAX_FRAME, w == null ? 0 : w.limits().maxFrame());
+                FrameReader.Raw f = in.next(limit);
+                if (f == null) {
+                    end = closedByDaemon("the daemon closed the connection");
+                    break;
+                }
+                dispatch(f);
+            }
+        } catch (KazeiaException e) {
+            end = e;
+        } catch (IOException e) {
+            end = closedByDaemon("connection lost: " + e.getMessage());
+        } catch (RuntimeException e) {
+            end = new KazeiaException(ErrorCode.UNEXPECTED, "reader failed: " + e, null, e);
+        }
+        shutdown(end);
+    }
+
+    private KazeiaException closedByDaemon(String what) {
+        Event.Error last = lastConnectionError;
+        if (last != null && ErrorCode.closesConnection(last.code())) {
+            return new KazeiaException(last.code(), what + " after: " + last.message());
+        }
+        return new KazeiaException(ErrorCode.CONNECTION_CLOSED, what);
+    }
+
+    private void dispatch(FrameReader.Raw f) {
+        if (f.kind() == Frames.KIND_JSON) {
+            Map<String, Object> m;
+            try {
+                m = Json.parseObject(f.body(), 0, f.body().length);
+            } catch (KazeiaException e) {
+                orphan(new Event.Error(null, ErrorCode.BAD_JSON, "the daemon sent a JSON frame that does not parse: " + e.messageOnly()));
+                return;
+            }
+            if (!handshake.isDone()) {
+                onHandshake(m);
+                return;
+            }
+            route(Events.decode(m));
+        } else if (f.kind() == Frames.KIND_AUDIO && handshake.isDone()) {
+            Event.Audio a;
+            try {
+                a = Frames.decodeAudio(f.body(), 0, f.body().length);
+            } catch (KazeiaException e) {
+                orphan(new Event.Error(null, ErrorCode.BAD_FRAME, "the daemon sent a bad audio frame: " + e.messageOnly()));
+                return;
+            }
+            route(a);
+        } else if (!handshake.isDone()) {
+            handshake.completeExceptionally(new KazeiaException(ErrorCode.UNEXPECTED, "the daemon's first frame is not JSON"));
+        } else {
+            orphan(new Event.Error(null, ErrorCode.BAD_FRAME, "the daemon sent a frame of unknown kind " + f.kind()));
+        }
+    }
+
+    private void onHandshake(Map<String, Object> m) {
+        Object type = m.get("type");
+        if ("welcome".equals(type)) {
+            Welcome w = Welcome.from(m);
+            if (w.protocol() != PROTOCOL) {
+                handshake.completeExceptionally(new KazeiaException(ErrorCode.PROTOCOL_VERSION,
+                        "the daemon speaks protocol " + w.protocol() + ", this client " + PROTOCOL));
+                return;
+            }
+            welcome = w;
+            handshake.complete(w);
+        } else if ("error".equals(type)) {
+            Event.Error e = (Event.Error) Events.decode(m);
+            lastConnectionError = e;
+            handshake.completeExceptionally(e.exception());
+        } else {
+            handshake.completeExceptionally(new KazeiaException(ErrorCode.UNEXPECTED, "expected welcome, got " + Json.write(m)));
+        }
+    }
+
+    private void route(Event ev) {
+        String id = ev.id();
+        Route r = id == null ? null : routes.get(id);
+        if (r == null) {
+            if (id == null && ev instanceof Event.Error) {
+                lastConnectionError = (Event.Error) ev;
+            }
+            orphan(ev);
+            return;
+        }
+        if (r.isFinal(ev)) {
+            routes.remove(id, r);
+        }
+        try {
+            r.deliver(ev);
+        } catch (RuntimeException e) {
+            report(e);
+        }
+    }
+
+    private void orphan(Event ev) {
+        Consumer<Event> l = options.onEvent();
+        if (l != null) {
+            try {
+                l.accept(ev);
+            } catch (RuntimeException e) {
+                report(e);
+            }
+        }
+    }
+
+    /** A listener threw: it must not kill the reader; hand it to the thread's handler. */
+    private static void report(Throwable t) {
+        Thread th = Thread.currentThread();
+        th.getUncaughtExceptionHandler().uncaughtException(th, t);
+    }
+
+    /** End the connection once: close the socket, end every open request with {@code reason}. */
+    private void shutdown(KazeiaException reason) {
+        synchronized (routes) {
+            if (closedBy != null) {
+                return;
+            }
+            closedBy = reason;
+        }
+        transport.close();
+        handshake.completeExceptionally(reason);
+        for (Map.Entry<String, Route> e : routes.entrySet()) {
+            if (routes.remove(e.getKey(), e.getValue())) {
+                try {
+                    e.getValue().fail(reason.forRequest(e.getKey()));
+                } catch (RuntimeException ex) {
+                    report(ex);
+                }
+            }
+        }
+        Consumer<KazeiaException> l = options.onClosed();
+        if (l != null) {
+            try {
+                l.accept(reason);
+            } catch (RuntimeException ex) {
+                report(ex);
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+// Why: a subscribe request (PROTOCOL.md §4): status pushes for as long as the connection
+// lives; close() stops delivering them (the protocol has no unsubscribe).
+package org.kazeia.client;
+
+import java.time.Duration;
+import java.util.concurrent.CompletableFuture;
+import java.util.function.Consumer;
+
+public final class Subscription implements Route, AutoCloseable {
+    private final Client client;
+    private final String id;
+    private final Consumer<StatusReport> listener;
+    private final CompletableFuture<StatusReport> first = new CompletableFuture<>();
+    private volatile boolean closed;
+
+    Subscription(Client client, String id, Consumer<StatusReport> listener) {
+        this.client = client;
+        this.id = id;
+        this.listener = listener;
+    }
+
+    public String id() {
+        return id;
+    }
+
+    /** The status the daemon sent when the subscription began. */
+    public StatusReport first() {
+        return first.getNow(null);
+    }
+
+    public boolean isActive() {
+        return !closed && client.isOpen();
+    }
+
+    void awaitFirst(Duration timeout) {
+        try {
+            client.waitFor(first, timeout, id);
+        } catch (KazeiaException e) {
+            closed = true;
+            throw e;
+        }
+    }
+
+    @Override
+    public boolean isFinal(Event e) {
+        return e instanceof Event.Error;
+    }
+
+    @Override
+    public void deliver(Event e) {
+        if (e instanceof Event.Status) {
+            StatusReport s = ((Event.Status) e).status();
+            try {
+                if (!closed && listener != null) {
+                    listener.accept(s);
+                }
+            } finally {
+                // After the listener: subscribe() returns once the first status was given to it.
+                first.complete(s);
+            }
+        } else if (e instanceof Event.Error) {
+            closed = true;
+            first.completeExceptionally(((Event.Error) e).exception());
+        }
+    }
+
+    @Override
+    public void fail(KazeiaException e) {
+        closed = true;
+        first.completeExceptionally(e);
+    }
+
+    /** Stop delivering pushes. The daemon keeps sending them until the connection closes; they are dropped. */
+    @Override
+    public void close() {
+        closed = true;
+    }
+}

@@ -1,0 +1,308 @@
+// Why: the Client's routing, limits, timeouts and failure handling, against a scripted fake
+// daemon: exact frames (interleavings, unknown events and codes, drops) on demand.
+package org.kazeia.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.time.Duration;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+@Timeout(20)
+class ClientTest {
+    private static String ev(String type, String id, String rest) {
+        return "{\"type\":\"" + type + "\"" + (id == null ? "" : ",\"id\":\"" + id + "\"") + (rest.isEmpty() ? "" : "," + rest) + "}";
+    }
+
+    @Test
+    void handshakeSaysHelloAndKeepsTheLimits() throws Exception {
+        CompletableFuture<Map<String, Object>> hello = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            hello.complete(c.welcome(4096));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options().clientName("test-client 1"))) {
+            assertEquals(4096, client.limits().maxFrame());
+            assertEquals(List.of("text"), client.welcome().capabilities());
+            Map<String, Object> h = hello.get(5, TimeUnit.SECONDS);
+            assertEquals("hello", h.get("type"));
+            assertEquals(1L, h.get("protocol"));
+            assertEquals("test-client 1", h.get("client"));
+        }
+    }
+
+    @Test
+    void framesOverMaxFrameAreRefusedBeforeSending() throws Exception {
+        CompletableFuture<Map<String, Object>> next = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(256);
+            Map<String, Object> r = c.read();
+            next.complete(r);
+            c.send(ev("status", (String) r.get("id"), "\"status\":{\"server\":\"fake\",\"models\":[]}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            KazeiaException e = assertThrows(KazeiaException.class, () -> client.turn(TurnRequest.text("x".repeat(300))));
+            assertEquals(ErrorCode.FRAME_TOO_LARGE, e.code());
+            Turn audio = client.turn(TurnRequest.audio("transcribe", 16000, 1).id("a1"));
+            assertEquals(ErrorCode.FRAME_TOO_LARGE,
+                    assertThrows(KazeiaException.class, () -> audio.sendAudio(ByteBuffer.allocate(1000), true)).code());
+            assertEquals("turn", next.get(5, TimeUnit.SECONDS).get("type"), "the first frame that arrived is the small turn");
+            assertTrue(client.isOpen());
+        }
+    }
+
+    @Test
+    void eventsAreRoutedByIdWhateverTheInterleaving() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.read();
+            c.send(ev("accepted", "a", "\"pipeline\":\"chat\""));
+            c.send(ev("accepted", "b", "\"pipeline\":\"chat\""));
+            c.send(ev("token", "b", "\"text\":\"B1\""));
+            c.send(ev("token", "a", "\"text\":\"A1\""));
+            c.write(Frames.audio("a", 22050, 1, true, ByteBuffer.wrap(new byte[] {1, 0, 2, 0})));
+            c.send(ev("done", "b", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.send(ev("token", "a", "\"text\":\"A2\""));
+            c.send(ev("done", "a", "\"stop\":\"length\",\"metrics\":{\"generated_tokens\":2}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            List<Event> bEvents = new CopyOnWriteArrayList<>();
+            Turn a = client.turn(TurnRequest.text("hi").id("a"));
+            Turn b = client.turn(TurnRequest.text("yo").id("b"), bEvents::add);
+            TurnResult ra = a.await();
+            assertEquals("A1A2", ra.text());
+            assertEquals("length", ra.stop());
+            assertEquals(2, ra.done().metrics().generatedTokens());
+            assertEquals(1, ra.audioFrames().size());
+            assertEquals(22050, ra.audio().sampleRate());
+            assertTrue(b.join(Duration.ofSeconds(5)) instanceof Event.Done);
+            assertEquals(3, bEvents.size());
+            assertTrue(bEvents.get(0) instanceof Event.Accepted);
+            assertEquals(new Event.Token("b", "B1"), bEvents.get(1));
+            assertNull(a.next(), "nothing after the final event");
+        }
+    }
+
+    @Test
+    void unknownEventsAndCodesAreKept() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "t", "\"pipeline\":\"chat\""));
+            c.send(ev("thought", "t", "\"text\":\"hm\""));
+            c.send(ev("error", "t", "\"code\":\"quantum_flux\",\"message\":\"new in protocol 7\""));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            Turn t = client.turn(TurnRequest.text("hi").id("t"));
+            assertTrue(t.next() instanceof Event.Accepted);
+            Event u = t.next();
+            assertTrue(u instanceof Event.Unknown && ((Event.Unknown) u).type().equals("thought"), String.valueOf(u));
+            Event.Error e = (Event.Error) t.next();
+            assertEquals("quantum_flux", e.code());
+            assertNull(t.next());
+            assertTrue(client.isOpen());
+        }
+    }
+
+    @Test
+    void unknownCodeReachesTheException() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            Map<String, Object> r = c.read();
+            c.send(ev("error", (String) r.get("id"), "\"code\":\"quantum_flux\",\"message\":\"?\""));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            KazeiaException e = assertThrows(KazeiaException.class, () -> client.turn(TurnRequest.text("hi")).await());
+            assertEquals("quantum_flux", e.code());
+            assertTrue(e.requestId().startsWith("jvm-"), e.requestId());
+        }
+    }
+
+    @Test
+    void eventsWithoutAKnownIdGoToTheConnectionListener() throws Exception {
+        List<Event> orphans = new CopyOnWriteArrayList<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "t", "\"pipeline\":\"chat\""));
+            c.send(ev("error", null, "\"code\":\"bad_frame\",\"message\":\"unknown frame kind 0x07\""));
+            c.send(ev("token", "someone-else", "\"text\":\"x\""));
+            c.write(new byte[] {0, 0, 0, 2, 0x09, 0}); // a frame of unknown kind
+            c.write(new byte[] {0, 0, 0, 3, 0x01, '{', '{'}); // JSON that does not parse
+            c.send(ev("done", "t", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options().onEvent(orphans::add))) {
+            TurnResult r = client.turn(TurnRequest.text("hi").id("t")).await();
+            assertEquals("eos", r.stop(), "a connection-level error that keeps the connection fails no request");
+            assertEquals(4, orphans.size(), orphans.toString());
+            assertEquals(new Event.Error(null, "bad_frame", "unknown frame kind 0x07"), orphans.get(0));
+            assertEquals("someone-else", orphans.get(1).id());
+            assertEquals(ErrorCode.BAD_FRAME, ((Event.Error) orphans.get(2)).code());
+            assertEquals(ErrorCode.BAD_JSON, ((Event.Error) orphans.get(3)).code());
+            assertTrue(client.isOpen());
+        }
+    }
+
+    @Test
+    void aClosingConnectionErrorEndsPendingRequestsWithItsCode() throws Exception {
+        List<KazeiaException> closed = new CopyOnWriteArrayList<>();
+        CountDownLatch bothSent = new CountDownLatch(1);
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.read();
+            bothSent.await();
+            c.send(ev("error", null, "\"code\":\"frame_too_large\",\"message\":\"frame of 9999999 bytes; closing the connection\""));
+            c.ch.close();
+        }); Client client = Client.connect(d.socket, new Options().onClosed(closed::add))) {
+            Turn t = client.turn(TurnRequest.text("hi"));
+            CompletableFuture<KazeiaException> status = CompletableFuture.supplyAsync(() -> {
+                try {
+                    client.status();
+                    return null;
+                } catch (KazeiaException e) {
+                    return e;
+                }
+            });
+            Thread.sleep(100);
+            bothSent.countDown();
+            Event.Error end = (Event.Error) t.next();
+            assertEquals(ErrorCode.FRAME_TOO_LARGE, end.code());
+            assertEquals(t.id(), end.id());
+            assertEquals(ErrorCode.FRAME_TOO_LARGE, status.get(5, TimeUnit.SECONDS).code());
+            assertFalse(client.isOpen());
+            assertEquals(1, closed.size());
+            assertTrue(closed.get(0).connectionLost());
+        }
+    }
+
+    @Test
+    void aDroppedConnectionEndsEveryOpenRequest() throws Exception {
+        List<Event> listened = new CopyOnWriteArrayList<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.read();
+            c.read();
+            c.send(ev("accepted", "t1", "\"pipeline\":\"chat\""));
+            c.send(ev("token", "t1", "\"text\":\"Par\""));
+            c.ch.close(); // the daemon dies mid-turn
+        }); Client client = Client.connect(d.socket, new Options())) {
+            Turn t1 = client.turn(TurnRequest.text("hi").id("t1"));
+            Turn t2 = client.turn(TurnRequest.text("yo").id("t2"), listened::add);
+            Subscription[] sub = new Subscription[1];
+            CompletableFuture<KazeiaException> subscribing = CompletableFuture.supplyAsync(() -> {
+                try {
+                    sub[0] = client.subscribe(s -> {});
+                    return null;
+                } catch (KazeiaException e) {
+                    return e;
+                }
+            });
+            KazeiaException e = assertThrows(KazeiaException.class, t1::await);
+            assertEquals(ErrorCode.CONNECTION_CLOSED, e.code());
+            assertEquals("t1", e.requestId());
+            t2.join(Duration.ofSeconds(5));
+            assertEquals(1, listened.size(), listened.toString());
+            assertEquals(ErrorCode.CONNECTION_CLOSED, ((Event.Error) listened.get(0)).code());
+            assertEquals(ErrorCode.CONNECTION_CLOSED, subscribing.get(5, TimeUnit.SECONDS).code());
+            assertEquals(ErrorCode.CONNECTION_CLOSED,
+                    assertThrows(KazeiaException.class, () -> client.turn(TurnRequest.text("again"))).code());
+            assertEquals(ErrorCode.CONNECTION_CLOSED, assertThrows(KazeiaException.class, client::status).code());
+        }
+    }
+
+    @Test
+    void closingTheClientEndsOpenRequests() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.read();
+        })) {
+            Client client = Client.connect(d.socket, new Options());
+            Turn t = client.turn(TurnRequest.text("hi"));
+            client.close();
+            Event.Error e = (Event.Error) t.next(Duration.ofSeconds(5));
+            assertEquals(ErrorCode.CONNECTION_CLOSED, e.code());
+            client.close(); // twice is fine
+        }
+    }
+
+    @Test
+    void refusalsAtTheHandshakeCarryTheirCode() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.read();
+            c.send(ev("error", null, "\"code\":\"permission_denied\",\"message\":\"uid 1234 may not use this daemon\""));
+            c.ch.close();
+        })) {
+            KazeiaException e = assertThrows(KazeiaException.class, () -> Client.connect(d.socket, new Options()));
+            assertEquals(ErrorCode.PERMISSION_DENIED, e.code());
+        }
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.read();
+            c.send("{\"type\":\"welcome\",\"protocol\":2,\"server\":\"future\",\"capabilities\":[],\"limits\":{\"max_frame\":1024}}");
+            c.read();
+        })) {
+            assertEquals(ErrorCode.PROTOCOL_VERSION,
+                    assertThrows(KazeiaException.class, () -> Client.connect(d.socket, new Options())).code());
+        }
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.read();
+            Thread.sleep(2000);
+        })) {
+            Options quick = new Options().connectTimeout(Duration.ofMillis(300));
+            assertEquals(ErrorCode.TIMEOUT, assertThrows(KazeiaException.class, () -> Client.connect(d.socket, quick)).code());
+        }
+        assertEquals(ErrorCode.CONNECT_FAILED,
+                assertThrows(KazeiaException.class, () -> Client.connect(java.nio.file.Path.of("/nonexistent/engine.sock"))).code());
+    }
+
+    @Test
+    void audioFormatErrorsDoNotEndAnAudioTurn() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "v", "\"pipeline\":\"transcribe\""));
+            c.send(ev("error", "v", "\"code\":\"bad_frame\",\"message\":\"audio frame with another rate\""));
+            c.send(ev("error", "v", "\"code\":\"busy\",\"message\":\"audio overrun\""));
+            c.send(ev("transcript", "v", "\"text\":\"hello\",\"language\":\"en\""));
+            c.send(ev("done", "v", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            List<Event> all = client.turn(TurnRequest.audio("transcribe", 16000, 1).id("v")).await().events();
+            assertEquals(5, all.size(), all.toString());
+            assertEquals("hello", ((Event.Transcript) all.get(3)).text());
+        }
+    }
+
+    @Test
+    void aSilentTurnTimesOutAndIsCancelled() throws Exception {
+        CompletableFuture<Map<String, Object>> cancel = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            cancel.complete(c.read());
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options().eventTimeout(Duration.ofMillis(300)))) {
+            Turn t = client.turn(TurnRequest.text("hi").id("slow"));
+            assertEquals(ErrorCode.TIMEOUT, assertThrows(KazeiaException.class, () -> t.next(Duration.ofMillis(100))).code());
+            assertEquals(ErrorCode.TIMEOUT, assertThrows(KazeiaException.class, t::await).code());
+            assertEquals(Map.of("type", "cancel", "id", "slow"), cancel.get(5, TimeUnit.SECONDS));
+            assertEquals(ErrorCode.DUPLICATE_ID,
+                    assertThrows(KazeiaException.class, () -> client.turn(TurnRequest.text("x").id("slow"))).code(),
+                    "an id still open on this client is refused here");
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! `kazeia plan`: what the configured models will cost and where they will run, from their
+//! file headers; loads nothing.
+
+use kazeia_ipc::ErrorCode;
+
+use super::{CommonArgs, Exit, Printer};
+use crate::config::Config;
+
+pub fn plan(common: &CommonArgs, json: bool) -> Exit {
+    let printer = Printer::new(json);
+    let config = match Config::load(&common.config) {
+        Ok(c) => c,
+        Err(e) => {
+            printer.error(ErrorCode::BadConfig, e.to_string());
+            return Exit::Usage;
+        }
+    };
+    match crate::plan::plan(&config) {
+        Ok(p) => {
+            if json {
+                println!("{}", serde_json::to_string(&p).expect("plan serializes"));
+            } else {
+                crate::plan::print(&p);
+            }
+            if p.fits {
+                Exit::Ok
+            } else {
+                Exit::DoesNotFit
+            }
+        }
+        Err(e) => {
+            printer.error(ErrorCode::ModelFile, e);
+            Exit::Failed
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The daemon's one-answer requests: `status`, `load`, `unload`, `cancel`; and `soak`, which
+//! drives it.
+
+use std::time::Duration;
+
+use kazeia_ipc::{ErrorCode, Event, Incoming, Request};
+
+use super::client::{connect, follow};
+use super::{ClientArgs, Exit, Printer};
+
+pub async fn simple(args: ClientArgs, make: impl FnOnce(String) -> Request) -> Exit {
+    let printer = Printer::new(args.json);
+    let Some(client) = connect(&args, &printer).await else { return Exit::Failed };
+    let rx = match client.send(make(client.new_id())).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            return Exit::Failed;
+        }
+    };
+    let last = |ev: &Event| matches!(ev, Event::Status { .. } | Event::Loaded { .. } | Event::Unloaded { .. });
+    follow(&printer, rx, last).await
+}
+
+pub async fn cancel(args: ClientArgs, id: String) -> Exit {
+    let printer = Printer::new(args.json);
+    let Some(client) = connect(&args, &printer).await else { return Exit::Failed };
+    let mut rx = match client.send(Request::Cancel { id: id.clone() }).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            return Exit::Failed;
+        }
+    };
+    // A cancel has no answer of its own unless it fails: a status request behind it on the same
+    // connection is answered after it, so its answer means the cancel was taken.
+    let mut st = match client.send(Request::Status { id: client.new_id() }).await {
+        Ok(rx) => rx,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, e.to_string());
+            return Exit::Failed;
+        }
+    };
+    tokio::select! {
+        Some(Incoming::Event(ev @ Event::Error { .. })) = rx.recv() => {
+            printer.event(&ev);
+            Exit::Failed
+        }
+        _ = st.recv() => {
+            // An error for the cancel, if any, was sent before the status: it is here by now.
+            if let Ok(Incoming::Event(ev @ Event::Error { .. })) = rx.try_recv() {
+                printer.event(&ev);
+                return Exit::Failed;
+            }
+            if !printer.json {
+                eprintln!("cancelled {id}");
+            }
+            Exit::Ok
+        }
+        _ = tokio::time::sleep(Duration::from_secs(30)) => {
+            printer.error(ErrorCode::Engine, "the daemon did not answer".into());
+            Exit::Failed
+        }
+    }
+}
+
+pub async fn soak(args: crate::soak::SoakArgs) -> Exit {
+    let printer = Printer::new(args.json);
+    let socket = args.socket.clone().unwrap_or_else(crate::server::default_path);
+    match crate::soak::run(args, socket).await {
+        Ok(v) if v.passed() => Exit::Ok,
+        Ok(_) => Exit::Failed,
+        Err(e) => {
+            printer.error(ErrorCode::Engine, format!("soak: {e:#}"));
+            Exit::Usage
+        }
+    }
+}

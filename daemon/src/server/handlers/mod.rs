@@ -1,0 +1,66 @@
+//! One handler per request kind (pueue's `message_handler/<request>.rs`): the connection reads a
+//! frame, [`dispatch`] parses it and calls the handler, which answers on the connection's
+//! outbox and spawns long work (turns, loads, subscriptions) into the connection's task set.
+
+pub mod audio;
+mod cancel;
+mod load;
+mod status;
+mod subscribe;
+mod turn;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kazeia_ipc::{ErrorCode, Request};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::connection::Outbox;
+use crate::supervisor::{Supervisor, Who};
+use crate::turns::AudioInput;
+
+/// The connection's running audio turns, by request id: where their audio frames go.
+type AudioTurns = Arc<Mutex<HashMap<String, AudioInput>>>;
+
+/// A connection's state, as the handlers see it.
+pub struct Conn {
+    pub(super) sup: Arc<Supervisor>,
+    pub(super) out: Outbox,
+    pub(super) who: Who,
+    /// Cancels everything this connection started.
+    pub(super) cancel: CancellationToken,
+    pub(super) tasks: JoinSet<()>,
+    pub(super) audio: AudioTurns,
+}
+
+impl Conn {
+    pub fn new(sup: Arc<Supervisor>, out: Outbox, who: Who) -> Conn {
+        Conn { sup, out, who, cancel: CancellationToken::new(), tasks: JoinSet::new(), audio: AudioTurns::default() }
+    }
+
+    /// The client is gone (or the daemon stops): cancel its work and wait for it.
+    pub async fn close(&mut self) {
+        self.cancel.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Parse one JSON frame and run its handler.
+pub fn dispatch(c: &mut Conn, body: &[u8]) {
+    let req = match kazeia_ipc::parse_request(body) {
+        Ok(r) => r,
+        Err(e) => return c.out.error(e.id, e.code, e.message),
+    };
+    match req {
+        Request::Hello { .. } => c.out.error(None, ErrorCode::BadRequest, "hello was already said"),
+        Request::Status { id } => status::status(c, id),
+        Request::Cancel { id } => cancel::cancel(c, id),
+        Request::Load { id, role } => load::load(c, id, role),
+        Request::Unload { id, role } => load::unload(c, id, role),
+        Request::Subscribe { id } => subscribe::subscribe(c, id),
+        Request::Turn { id, pipeline, text, audio, session, options } => {
+            turn::turn(c, crate::supervisor::TurnRequest { id, pipeline, text, audio, session, options })
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! `turn`: admission by the supervisor (one place), `accepted`, then the turn runs in the
+//! connection's task set; an audio turn's input ring is registered for its frames until the
+//! turn ends.
+
+use std::sync::Arc;
+
+use kazeia_ipc::{Event, Frame};
+
+use super::Conn;
+use crate::supervisor::TurnRequest;
+use crate::turns::{self, AudioSource};
+
+pub fn turn(c: &mut Conn, request: TurnRequest) {
+    let id = request.id.clone();
+    let spec = request.audio.clone();
+    let turn = match c.sup.begin_turn(c.who, request, &c.cancel) {
+        Ok(t) => t,
+        Err(e) => return c.out.error(Some(id), e.code, e.message),
+    };
+    c.out.send(&Event::Accepted { id: id.clone(), pipeline: turn.pipeline.name.clone() });
+    let source = match (turn.plan.transcribe, spec) {
+        (true, Some(spec)) => {
+            let (input, ring) = turns::listen::ring(spec.sample_rate, u16::from(spec.channels));
+            c.audio.lock().expect("audio turns").insert(id.clone(), input);
+            Some(AudioSource::Stream(ring))
+        }
+        _ => None,
+    };
+    let (sup, out, audio) = (c.sup.clone(), c.out.clone(), c.audio.clone());
+    let output: turns::Output = Arc::new(move |f: Frame| out.send_frame(f));
+    c.tasks.spawn(async move {
+        turns::run(sup, turn, source, output).await;
+        audio.lock().expect("audio turns").remove(&id);
+    });
+}

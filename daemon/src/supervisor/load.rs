@@ -1,0 +1,166 @@
+//! Loading under the budget: plan from the file header, evict idle lower-priority roles (never a
+//! leased one), load, enter the ledger; unload; keep-alive; memory pressure.
+
+use kazeia_ipc::{ErrorCode, ModelState};
+use kazeia_memory_budget::pressure::{self, Level, Watermarks};
+use kazeia_pipelines::LlmError;
+use std::time::Instant;
+
+use super::Supervisor;
+
+impl Supervisor {
+    /// Load `role` unless it is loaded; `progress` sees the load's progress. Concurrent callers
+    /// for one role wait for the same load.
+    pub async fn ensure_loaded(&self, role: &str, progress: impl Fn(f32) + Send + 'static) -> Result<(), LlmError> {
+        if self.engine.info(role).is_some() {
+            return Ok(());
+        }
+        let cfg = self.config.model(role).map_err(|e| LlmError::new(ErrorCode::NoModel, e.to_string()))?.clone();
+        let _one_at_a_time = self.loading.lock().await;
+        if self.engine.info(role).is_some() {
+            return Ok(());
+        }
+        let path = self.config.model_path(&cfg);
+        // Plan before loading: the header gives the cost; the ledger says who must go.
+        let header = kazeia_memory_budget::gguf::read_header(&path).map_err(|e| {
+            self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
+            LlmError::new(ErrorCode::ModelFile, e.to_string())
+        })?;
+        let est = kazeia_memory_budget::estimate(&header, &cfg.context_params())
+            .map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
+        let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
+        let (file_weights, context_bytes) = (est.file_bytes(), est.context_bytes());
+        let need = est.cost(self.ledger.lock().expect("ledger").holds_file(&file));
+        let admitted = self.ledger.lock().expect("ledger").admit(role, need, cfg.priority, |r| self.in_use(r));
+        let victims = admitted.map_err(|refusal| {
+            tracing::warn!("refused to load {role}: {refusal}");
+            LlmError::new(ErrorCode::OverBudget, refusal.to_string())
+        })?;
+        for v in victims {
+            tracing::info!(role = %v, for_role = %role, "evicting an idle model to make room");
+            self.unload(&v).await;
+        }
+        self.set_role(role, ModelState::Loading, Some(0.0), None);
+        let engine = self.engine.clone();
+        let rss_before = rss_bytes();
+        let result = tokio::task::spawn_blocking(move || engine.load(&cfg.role_params(), path, Box::new(progress)))
+            .await
+            .map_err(|e| LlmError::new(ErrorCode::Engine, format!("load task: {e}")))?;
+        match result {
+            Ok(_) => {
+                // Measured: RSS growth across the load. With mmap off the weights are read into
+                // anonymous memory, so RSS covers them (Pss would be equal for this process).
+                let measured = rss_before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
+                let priority = self.config.model(role).map(|m| m.priority).unwrap_or(0);
+                self.ledger.lock().expect("ledger").insert(
+                    role,
+                    &file,
+                    priority,
+                    file_weights,
+                    context_bytes,
+                    measured,
+                );
+                self.set_role(role, ModelState::Loaded, None, None);
+                Ok(())
+            }
+            Err(e) => {
+                self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Unload a role (waits for its running request). False if it was not loaded.
+    pub async fn unload(&self, role: &str) -> bool {
+        let engine = self.engine.clone();
+        let r = role.to_string();
+        let unloaded = tokio::task::spawn_blocking(move || engine.unload(&r)).await.unwrap_or(false);
+        if unloaded {
+            super::heap::trim();
+            self.ledger.lock().expect("ledger").remove(role);
+            self.set_role(role, ModelState::Unloaded, None, None);
+        }
+        unloaded
+    }
+
+    /// Sample memory pressure and act on it: under low pressure shed idle sessions and idle
+    /// models below the highest priority; under critical pressure also refuse new turns (see
+    /// [`Supervisor::pressure`]). Subscribers hear of every change of level.
+    pub async fn pressure_tick(&self) -> Level {
+        let Ok(sample) = pressure::sample() else { return self.pressure() };
+        let b = &self.config.budget;
+        let marks = Watermarks {
+            low_available: b.low_watermark,
+            critical_available: b.critical_watermark,
+            budget: b.budget_bytes(),
+        };
+        let level = pressure::level(&sample, &marks);
+        let changed = std::mem::replace(&mut *self.pressure.lock().expect("pressure"), level) != level;
+        if changed {
+            tracing::warn!(?level, available = sample.available, rss = sample.rss, "memory pressure changed");
+            let _ = self.changes.send(());
+        }
+        if level >= Level::Low {
+            let shed = self.sessions.shed(std::time::Duration::from_secs(60));
+            let top = self.config.models.iter().map(|m| m.priority).max().unwrap_or(0);
+            let idle_low: Vec<String> = self
+                .config
+                .models
+                .iter()
+                .filter(|m| m.priority < top && self.engine.info(&m.role).is_some() && !self.in_use(&m.role))
+                .map(|m| m.role.clone())
+                .collect();
+            for r in &idle_low {
+                self.unload(r).await;
+            }
+            if shed > 0 || !idle_low.is_empty() {
+                tracing::warn!(sessions = shed, models = ?idle_low, "shed under memory pressure");
+            }
+        }
+        level
+    }
+
+    /// A turn used these roles now (least-recent-use order and keep-alive).
+    pub fn touch(&self, roles: &[String]) {
+        let mut ledger = self.ledger.lock().expect("ledger");
+        for r in roles {
+            ledger.touch(r);
+        }
+    }
+
+    /// Unload roles idle for longer than their keep-alive. Returns the roles unloaded.
+    pub async fn expire_idle(&self) -> Vec<String> {
+        self.expire_idle_at(Instant::now()).await
+    }
+
+    /// [`Supervisor::expire_idle`] as if the clock read `now` (tests give a later instant
+    /// rather than sleeping past a keep-alive).
+    pub async fn expire_idle_at(&self, now: Instant) -> Vec<String> {
+        let expired: Vec<String> = {
+            let ledger = self.ledger.lock().expect("ledger");
+            self.config
+                .models
+                .iter()
+                .filter(|m| {
+                    let idle_since = ledger.get(&m.role).map(|e| e.last_used);
+                    matches!((m.keep_alive, idle_since), (Some(ka), Some(t)) if now.saturating_duration_since(t) >= ka)
+                        && !self.in_use(&m.role)
+                })
+                .map(|m| m.role.clone())
+                .collect()
+        };
+        let mut done = Vec::new();
+        for r in expired {
+            if self.unload(&r).await {
+                tracing::info!(role = %r, "keep-alive expired: unloaded");
+                done.push(r);
+            }
+        }
+        done
+    }
+}
+
+/// This process's resident set size (VmRSS), bytes.
+pub(super) fn rss_bytes() -> Option<u64> {
+    pressure::sample().ok().map(|s| s.rss)
+}

@@ -1,0 +1,152 @@
+//! The supervisor: the daemon's shared state — the engine, the model roles' states, the running
+//! turns (for cancel by id), and status for clients and subscribers. One per process: `kazeia
+//! serve` and `kazeia run` both go through it, so the budget and the ledger apply to both.
+//!
+//! - `turn`: admission (one place) and the [`Turn`] a request lives in, with its leases;
+//! - `load`: loading under the budget, eviction, keep-alive, memory pressure;
+//! - `speech`: the speech models, loaded once;
+//! - `status`: the report clients, subscribers and D-Bus read.
+//!
+//! Lock order: `roles` before `turns` before `ledger` before `leases`. No std lock is held
+//! across an await or an engine call; `loading` (async) is held across a whole admission + load.
+
+mod heap;
+mod load;
+mod speech;
+mod status;
+mod turn;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kazeia_engine::Engine;
+use kazeia_ipc::ModelState;
+use kazeia_memory_budget::pressure::Level;
+use kazeia_pipelines::Registry;
+use tokio::sync::{broadcast, Mutex as AsyncMutex};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+pub use speech::SpeechStack;
+use turn::TurnEntry;
+pub use turn::{Lease, Turn, TurnRequest, Who};
+
+#[derive(Debug, Clone)]
+struct RoleState {
+    state: ModelState,
+    progress: Option<f32>,
+    error: Option<String>,
+}
+
+pub struct Supervisor {
+    pub engine: Engine,
+    pub sessions: kazeia_pipelines::Sessions,
+    pub config: Config,
+    pub registry: Registry,
+    started: Instant,
+    roles: Mutex<HashMap<String, RoleState>>,
+    turns: Mutex<HashMap<(u64, String), TurnEntry>>,
+    /// One admission + load at a time: the ledger's view stays true while a load decides.
+    loading: AsyncMutex<()>,
+    /// Admitted turns per role (see [`Lease`]).
+    leases: Mutex<HashMap<String, usize>>,
+    /// What each loaded role holds against the budget.
+    pub ledger: Mutex<kazeia_memory_budget::Ledger>,
+    /// The last pressure level sampled.
+    pressure: Mutex<Level>,
+    pub connections: AtomicU32,
+    next_conn: AtomicU64,
+    /// "Something changed": subscribers then fetch a fresh status.
+    pub changes: broadcast::Sender<()>,
+    /// Cancelled when the daemon begins to shut down: no new work is taken.
+    pub stopping: CancellationToken,
+    /// The speech models, loaded by the first audio turn.
+    speech: Mutex<Option<Arc<SpeechStack>>>,
+    /// Held across a speech load (never `speech` itself: status reads that).
+    speech_loading: Mutex<()>,
+}
+
+impl Supervisor {
+    pub fn new(config: Config, registry: Registry) -> Arc<Supervisor> {
+        heap::fix_mmap_threshold();
+        let budget = config.budget.budget_bytes();
+        // Admission is by lease (see [`Lease`]); the engine's own bound is a backstop sized so
+        // that admitted turns never reach it (a turn may have two jobs on one role at once).
+        let backstop = 2 * (config.daemon.queue_per_model + 1);
+        let engine =
+            Engine::new().with_queue_capacity(backstop).with_exclusive_compute(config.daemon.exclusive_compute);
+        let roles = config
+            .models
+            .iter()
+            .map(|m| (m.role.clone(), RoleState { state: ModelState::Unloaded, progress: None, error: None }))
+            .collect();
+        Arc::new(Supervisor {
+            engine,
+            sessions: kazeia_pipelines::Sessions::new(config.daemon.session_ttl),
+            config,
+            registry,
+            started: Instant::now(),
+            roles: Mutex::new(roles),
+            turns: Mutex::default(),
+            loading: AsyncMutex::new(()),
+            leases: Mutex::default(),
+            ledger: Mutex::new(kazeia_memory_budget::Ledger::new(budget)),
+            pressure: Mutex::new(Level::Normal),
+            connections: AtomicU32::new(0),
+            next_conn: AtomicU64::new(1),
+            changes: broadcast::channel(16).0,
+            stopping: CancellationToken::new(),
+            speech: Mutex::new(None),
+            speech_loading: Mutex::new(()),
+        })
+    }
+
+    /// A role that must stay loaded: a turn holds it or the engine has work for it.
+    fn in_use(&self, role: &str) -> bool {
+        self.leased(role) > 0 || self.engine.pending(role).unwrap_or(0) > 0
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn set_role(&self, role: &str, state: ModelState, progress: Option<f32>, error: Option<String>) {
+        self.roles.lock().expect("roles lock").insert(role.to_string(), RoleState { state, progress, error });
+        let _ = self.changes.send(());
+    }
+
+    pub fn pressure(&self) -> Level {
+        *self.pressure.lock().expect("pressure")
+    }
+
+    /// Cancel the request `id`: this connection's first, else one of the same user's other
+    /// connections (so that `kazeia cancel ID` works from another process).
+    pub fn cancel(&self, conn: u64, uid: u32, id: &str) -> bool {
+        let turns = self.turns.lock().expect("turns lock");
+        if let Some(t) = turns.get(&(conn, id.to_string())) {
+            t.cancel.cancel();
+            return true;
+        }
+        let mut found = false;
+        for ((_, tid), t) in turns.iter() {
+            if tid == id && t.uid == uid {
+                t.cancel.cancel();
+                found = true;
+            }
+        }
+        found
+    }
+
+    pub fn turns_running(&self) -> u32 {
+        self.turns.lock().expect("turns lock").len() as u32
+    }
+
+    /// Cancel every running turn (shutdown after the grace time).
+    pub fn cancel_all(&self) {
+        for t in self.turns.lock().expect("turns lock").values() {
+            t.cancel.cancel();
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! One turn from admission to its final event. Admission is decided here and only here
+//! (shutting down, memory pressure, the pipeline and its input, each role's capacity, the id);
+//! an admitted [`Turn`] is registered for `cancel` by id and leases its roles for its whole
+//! life. Dropping it — whichever way the turn ends — deregisters it and releases its leases:
+//! there are no add/remove pairs to keep in step.
+
+use std::sync::Arc;
+
+use kazeia_ipc::{AudioSpec, ErrorCode, TurnOptions};
+use kazeia_pipelines::{LlmError, Pipeline, Plan};
+use tokio_util::sync::CancellationToken;
+
+use super::Supervisor;
+
+/// Who asks: the connection (0 for `kazeia run`) and the peer's uid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Who {
+    pub conn: u64,
+    pub uid: u32,
+}
+
+/// A turn as the protocol asks for it.
+#[derive(Debug, Clone, Default)]
+pub struct TurnRequest {
+    pub id: String,
+    pub pipeline: String,
+    pub text: Option<String>,
+    pub audio: Option<AudioSpec>,
+    pub session: Option<String>,
+    pub options: TurnOptions,
+}
+
+/// A turn's hold on the roles of its pipeline, from admission until it is dropped. Admission
+/// counts leases, not engine jobs: a turn just accepted has not queued any work yet (it may
+/// still be loading), and between a guarded turn's two guard checks the guard has no job at
+/// all. A leased role is never evicted, shed under pressure or unloaded by keep-alive.
+pub struct Lease {
+    sup: Arc<Supervisor>,
+    roles: Vec<String>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut leases = self.sup.leases.lock().expect("leases lock");
+        for r in &self.roles {
+            if let Some(n) = leases.get_mut(r) {
+                *n -= 1;
+                if *n == 0 {
+                    leases.remove(r);
+                }
+            }
+        }
+        drop(leases);
+        let _ = self.sup.changes.send(());
+    }
+}
+
+/// A running turn, findable by its client id for `cancel`.
+pub(super) struct TurnEntry {
+    pub(super) uid: u32,
+    pub(super) cancel: CancellationToken,
+}
+
+/// An admitted turn. See the module's comment.
+pub struct Turn {
+    pub id: String,
+    pub who: Who,
+    pub pipeline: Pipeline,
+    pub plan: Plan,
+    pub request: TurnRequest,
+    /// Cancelled by `cancel`, by the connection's end, by shutdown.
+    pub cancel: CancellationToken,
+    _lease: Lease,
+    sup: Arc<Supervisor>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.sup.turns.lock().expect("turns lock").remove(&(self.who.conn, self.id.clone()));
+        let _ = self.sup.changes.send(());
+    }
+}
+
+impl Supervisor {
+    /// Admit a turn, or say why not with the protocol's code. `parent` is the connection's
+    /// token: the turn's own is its child.
+    pub fn begin_turn(
+        self: &Arc<Self>,
+        who: Who,
+        request: TurnRequest,
+        parent: &CancellationToken,
+    ) -> Result<Turn, LlmError> {
+        let refuse = |code, message: String| Err(LlmError::new(code, message));
+        if self.stopping.is_cancelled() {
+            return refuse(ErrorCode::ShuttingDown, "the daemon is shutting down".into());
+        }
+        if self.pressure() == kazeia_memory_budget::pressure::Level::Critical {
+            return refuse(
+                ErrorCode::MemoryPressure,
+                "critical memory pressure: new turns are refused until it eases".into(),
+            );
+        }
+        let pipeline = match self.registry.get(&request.pipeline) {
+            Ok(p) => p.clone(),
+            Err(e) => return refuse(ErrorCode::Pipeline, e.to_string()),
+        };
+        let plan = pipeline.plan().map_err(|m| LlmError::new(ErrorCode::Pipeline, m))?;
+        let name = &pipeline.name;
+        match (&request.text, &request.audio, plan.transcribe) {
+            (_, None, true) => {
+                return refuse(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "pipeline {name:?} takes audio: give `audio` {{sample_rate, channels}} and send audio frames"
+                    ),
+                )
+            }
+            (_, Some(a), true) if a.sample_rate < 8_000 || a.channels == 0 => {
+                return refuse(ErrorCode::BadRequest, "audio: sample_rate >= 8000 and channels >= 1".into())
+            }
+            (_, Some(_), false) => {
+                return refuse(ErrorCode::BadRequest, format!("pipeline {name:?} does not take audio"))
+            }
+            (None, None, false) => return refuse(ErrorCode::BadRequest, "a turn needs text or audio".into()),
+            (Some(t), None, false) if plan.speak && t.trim().is_empty() => {
+                return refuse(ErrorCode::BadRequest, format!("{name} takes `text` with something to say"))
+            }
+            _ => {}
+        }
+        let lease = self.lease(&pipeline.roles())?;
+        let cancel = parent.child_token();
+        {
+            let mut turns = self.turns.lock().expect("turns lock");
+            let key = (who.conn, request.id.clone());
+            if turns.contains_key(&key) {
+                let id = &request.id;
+                return refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+            }
+            turns.insert(key, TurnEntry { uid: who.uid, cancel: cancel.clone() });
+        }
+        let _ = self.changes.send(());
+        Ok(Turn { id: request.id.clone(), who, pipeline, plan, request, cancel, _lease: lease, sup: self.clone() })
+    }
+
+    /// Admit a turn on `roles`: each may hold `queue_per_model` turns beyond the running one;
+    /// past that the turn is refused with `busy` at once (nothing is counted then).
+    pub fn lease(self: &Arc<Self>, roles: &[String]) -> Result<Lease, LlmError> {
+        let capacity = self.config.daemon.queue_per_model;
+        let mut leases = self.leases.lock().expect("leases lock");
+        if let Some(full) = roles.iter().find(|r| leases.get(*r).copied().unwrap_or(0) > capacity) {
+            let msg = format!("role {full:?} has {capacity} requests waiting: try again later");
+            return Err(LlmError::new(ErrorCode::Busy, msg));
+        }
+        for r in roles {
+            *leases.entry(r.clone()).or_insert(0) += 1;
+        }
+        drop(leases);
+        let _ = self.changes.send(());
+        Ok(Lease { sup: self.clone(), roles: roles.to_vec() })
+    }
+
+    /// Turns holding `role`.
+    pub fn leased(&self, role: &str) -> usize {
+        self.leases.lock().expect("leases lock").get(role).copied().unwrap_or(0)
+    }
+}

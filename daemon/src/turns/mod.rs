@@ -1,0 +1,192 @@
+//! Running an admitted [`Turn`]: one flow for every pipeline, text or audio, for the socket and
+//! for `kazeia run` alike.
+//!
+//! [transcribe] → [guard input] → [think] → [guard output] → [speak], as the pipeline's file
+//! says: the roles are loaded (with progress on the turn's id), the audio heard (`listen`), the
+//! cascade run by the pipelines' runner, and the released sentences spoken (`speaker`). Every
+//! part of a turn — the blocking VAD/STT loop, the speaker — is awaited by the turn's own
+//! future, which the connection's task set (or `kazeia run`) owns: nothing outlives its turn.
+
+pub mod listen;
+mod speaker;
+
+use std::sync::Arc;
+
+use kazeia_ipc::{ErrorCode, Event, Frame, Metrics, StopReason};
+use kazeia_pipelines::{run_turn, Engines, GenerateOptions, TurnInput};
+use tokio::sync::mpsc;
+
+use crate::supervisor::{Supervisor, Turn};
+pub use listen::{AudioInput, Heard};
+use speaker::Speaker;
+
+/// Where a turn's events and audio frames go (a connection's outbox, the CLI's printer).
+pub type Output = Arc<dyn Fn(Frame) + Send + Sync>;
+
+/// An audio turn's input: streamed frames (the socket) or a whole recording (`kazeia run`).
+pub enum AudioSource {
+    Stream(listen::Ring),
+    Complete(Vec<f32>),
+}
+
+/// Run `turn` to its final event (exactly one `done` or `error`, last). `progress` tells whether
+/// load progress is sent as events.
+pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, out: Output) {
+    let last = flow(&sup, &turn, audio, &out).await;
+    log_end(&turn, &last);
+    out(Frame::event(&last));
+    // `turn` drops here: deregistered, leases released.
+}
+
+/// The turn's events but the final one, which is returned.
+async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, out: &Output) -> Event {
+    let id = Some(turn.id.clone());
+    let ev = |e: Event| out(Frame::event(&e));
+    let error = |code, message: String| Event::Error { id: id.clone(), code, message };
+    let done = |stop, metrics| Event::Done { id: id.clone(), stop, metrics };
+
+    // 1. The roles, loaded under the budget (the lease already keeps them once loaded).
+    let roles = turn.pipeline.roles();
+    for role in &roles {
+        if let Err(e) = sup.ensure_loaded(role, progress(out.clone(), &turn.id, role)).await {
+            return error(e.code, e.message);
+        }
+    }
+    sup.touch(&roles);
+
+    // 2. What was said: the text, or the audio heard.
+    let mut listening = None;
+    let (text, language) = if turn.plan.transcribe {
+        let (heard, task) = match audio {
+            Some(AudioSource::Stream(ring)) => listen::start(sup.clone(), ring, turn.cancel.clone()),
+            Some(AudioSource::Complete(samples)) => listen::whole(sup.clone(), samples, turn.cancel.clone()),
+            None => return error(ErrorCode::BadRequest, "an audio turn without audio".into()),
+        };
+        listening = Some(task);
+        let heard = match heard.await {
+            Ok(Heard::Transcript(t)) => t,
+            Ok(Heard::Failed(code, message)) => {
+                return if turn.cancel.is_cancelled() {
+                    done(StopReason::Cancelled, Metrics::default())
+                } else {
+                    error(code, message)
+                }
+            }
+            Err(_) => return error(ErrorCode::Engine, "the speech task stopped".into()),
+        };
+        ev(Event::Transcript { id: id.clone(), text: heard.text.clone(), language: Some(heard.language.clone()) });
+        let language = sup.config.speech.reply_language(&heard.language);
+        (heard.text, language)
+    } else {
+        let text = turn.request.text.clone().unwrap_or_default();
+        // `[speech] language` fixed (not `auto`): speak it; else the text's own language.
+        let language = match sup.config.speech.language.as_str() {
+            "auto" => kazeia_pipelines::guard::detect_language(&text),
+            fixed => fixed,
+        };
+        let language = sup.config.speech.reply_language(language);
+        (text, language)
+    };
+    if turn.cancel.is_cancelled() {
+        return stop_listening(listening, done(StopReason::Cancelled, Metrics::default())).await;
+    }
+
+    // 3. Speech only: the transcript, or the text spoken.
+    if !turn.plan.has_text_stages() {
+        let last = if turn.plan.speak {
+            let speaker = Speaker::start(sup.clone(), turn.id.clone(), language, turn.cancel.clone(), out.clone());
+            for sentence in kazeia_pipelines::split::sentences(&text) {
+                speaker.say(sentence.to_string());
+            }
+            match speaker.finish().await {
+                Ok(true) => done(StopReason::Eos, Metrics::default()),
+                Ok(false) => done(StopReason::Cancelled, Metrics::default()),
+                Err(e) => error(e.code(), e.to_string()),
+            }
+        } else {
+            let stop = if turn.cancel.is_cancelled() { StopReason::Cancelled } else { StopReason::Eos };
+            done(stop, Metrics::default())
+        };
+        return stop_listening(listening, last).await;
+    }
+
+    // 4. The cascade; its sentences spoken as they are released. Barge-in (new speech heard by
+    // the listening task) cancels the turn's token, which stops the runner and the speaker.
+    let speaker = turn
+        .plan
+        .speak
+        .then(|| Speaker::start(sup.clone(), turn.id.clone(), language, turn.cancel.clone(), out.clone()));
+    let o = &turn.request.options;
+    let input = TurnInput {
+        id: id.clone(),
+        text,
+        options: GenerateOptions {
+            temperature: o.temperature,
+            seed: o.seed,
+            max_tokens: o.max_tokens,
+            ignore_eos: false,
+        },
+        session: turn.request.session.clone(),
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let forward = async {
+        let mut last = None;
+        while let Some(e) = rx.recv().await {
+            if let (Event::Sentence { text, .. }, Some(s)) = (&e, &speaker) {
+                s.say(text.clone());
+            }
+            match e {
+                Event::Done { .. } | Event::Error { .. } => last = Some(e),
+                e => ev(e),
+            }
+        }
+        last
+    };
+    let engines = Engines { llm: &sup.engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
+    let (_, last) = tokio::join!(run_turn(&turn.pipeline, input, engines, turn.cancel.clone(), tx), forward);
+    let mut last = last.unwrap_or_else(|| error(ErrorCode::Engine, "the runner ended without a final event".into()));
+    // The speaker sends the last audio frame: the final event must follow it.
+    if let Some(s) = speaker {
+        match s.finish().await {
+            Ok(_) => {}
+            Err(e) if matches!(last, Event::Done { .. }) => last = error(e.code(), e.to_string()),
+            Err(e) => tracing::warn!("TTS failed after the turn had failed: {e}"),
+        }
+    }
+    stop_listening(listening, last).await
+}
+
+/// The listening task keeps watching for barge-in while the reply runs: stop it and wait for it
+/// before the final event, so that nothing of the turn is left running.
+async fn stop_listening(task: Option<listen::Task>, last: Event) -> Event {
+    if let Some(task) = task {
+        task.stop().await;
+    }
+    last
+}
+
+/// A progress callback sending `load_progress` events, at most one per percent.
+pub fn progress(out: Output, id: &str, role: &str) -> impl Fn(f32) + Send + 'static {
+    let (id, role) = (id.to_string(), role.to_string());
+    let last = std::sync::atomic::AtomicU32::new(u32::MAX);
+    move |p: f32| {
+        let pct = (p * 100.0) as u32;
+        if last.swap(pct, std::sync::atomic::Ordering::Relaxed) != pct {
+            out(Frame::event(&Event::LoadProgress { id: Some(id.clone()), role: role.clone(), progress: p }));
+        }
+    }
+}
+
+/// One line per finished turn: how it stopped and what it generated (the id is the client's
+/// string, so it is logged escaped).
+fn log_end(turn: &Turn, last: &Event) {
+    let (conn, id, pipeline) = (turn.who.conn, &turn.id, &turn.pipeline.name);
+    match last {
+        Event::Done { stop, metrics, .. } => {
+            let stop = format!("{stop:?}").to_lowercase();
+            tracing::info!(conn, id = ?id, pipeline, stop, generated = metrics.generated_tokens, "turn ended");
+        }
+        Event::Error { code, .. } => tracing::info!(conn, id = ?id, pipeline, code = code.as_str(), "turn ended"),
+        _ => tracing::warn!(conn, id = ?id, pipeline, "turn ended without a final event"),
+    }
+}

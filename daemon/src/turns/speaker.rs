@@ -1,0 +1,78 @@
+//! The one speaker: sentences in, audio frames out, on a blocking task of its own so that
+//! synthesis of sentence n overlaps generation of sentence n+1. Frames are ~100 ms so that a
+//! cancel lands between two of them; the last frame is flagged and empty.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use kazeia_ipc::{AudioFrame, Frame};
+use tokio_util::bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+
+use super::Output;
+use crate::speech::{audio, SpeechError};
+use crate::supervisor::Supervisor;
+
+/// The rate of the closing frame when nothing was spoken (the Piper voices' rate).
+const DEFAULT_RATE: u32 = 22_050;
+
+pub struct Speaker {
+    tx: mpsc::Sender<String>,
+    handle: tokio::task::JoinHandle<Result<bool, SpeechError>>,
+}
+
+impl Speaker {
+    pub fn start(
+        sup: Arc<Supervisor>,
+        id: String,
+        language: String,
+        cancel: CancellationToken,
+        out: Output,
+    ) -> Speaker {
+        let (tx, rx) = mpsc::channel::<String>();
+        let handle = tokio::task::spawn_blocking(move || speak(&sup, &id, &language, &cancel, &out, rx));
+        Speaker { tx, handle }
+    }
+
+    pub fn say(&self, sentence: String) {
+        let _ = self.tx.send(sentence);
+    }
+
+    /// No more sentences: wait until the last is spoken. Ok(false) when cancelled.
+    pub async fn finish(self) -> Result<bool, SpeechError> {
+        drop(self.tx);
+        self.handle.await.unwrap_or_else(|e| Err(SpeechError::Run(format!("the speaker stopped: {e}"))))
+    }
+}
+
+fn speak(
+    sup: &Supervisor,
+    id: &str,
+    language: &str,
+    cancel: &CancellationToken,
+    out: &Output,
+    sentences: mpsc::Receiver<String>,
+) -> Result<bool, SpeechError> {
+    let stack = sup.speech()?;
+    let mut rate = DEFAULT_RATE;
+    let frame =
+        |rate, last, pcm| Frame::Audio(AudioFrame { id: id.to_string(), sample_rate: rate, channels: 1, last, pcm });
+    for sentence in sentences {
+        if cancel.is_cancelled() {
+            return Ok(false);
+        }
+        let (samples, r) = stack.say(sup, language, &sentence)?;
+        rate = r;
+        for chunk in samples.chunks((r as usize / 10).max(1)) {
+            if cancel.is_cancelled() {
+                return Ok(false);
+            }
+            out(frame(r, false, Bytes::from(audio::to_s16le(chunk))));
+        }
+    }
+    if cancel.is_cancelled() {
+        return Ok(false);
+    }
+    out(frame(rate, true, Bytes::new()));
+    Ok(true)
+}

@@ -1,0 +1,541 @@
+//! The real daemon, driven only through its socket: answers, concurrency, cancel, disconnect,
+//! bad input as raw bytes, the peer allow-list, stale sockets, busy, slow readers, SIGTERM.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::{config, finish, Daemon};
+use kazeia_ipc::{ClientError, ErrorCode, Event, Incoming, StopReason, TurnOptions};
+
+const QUESTION: &str = "What is the capital of France? Answer in one short sentence.";
+const LONG: &str = "Write a very long story about a dragon who learns to bake bread, with many chapters.";
+
+fn long_opts() -> TurnOptions {
+    TurnOptions { temperature: Some(0.9), seed: Some(7), max_tokens: Some(400) }
+}
+
+// ---- raw frames, as an app written in another language would send them ----
+
+fn write_frame(s: &mut UnixStream, kind: u8, body: &[u8]) {
+    let mut f = ((body.len() + 1) as u32).to_be_bytes().to_vec();
+    f.push(kind);
+    f.extend_from_slice(body);
+    s.write_all(&f).unwrap_or_else(|e| panic!("writing {:?}: {e}", String::from_utf8_lossy(body)));
+}
+
+/// Read one frame: (kind, body); None at EOF.
+fn read_frame(s: &mut UnixStream) -> Option<(u8, Vec<u8>)> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some((body[0], body[1..].to_vec()))
+}
+
+#[track_caller]
+fn read_json(s: &mut UnixStream) -> serde_json::Value {
+    let (kind, body) = read_frame(s).expect("a frame");
+    assert_eq!(kind, 1);
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn raw(d: &Daemon, hello: bool) -> UnixStream {
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    if hello {
+        write_frame(&mut s, 1, br#"{"type":"hello","protocol":1,"client":"raw"}"#);
+        assert_eq!(read_json(&mut s)["type"], "welcome");
+    }
+    s
+}
+
+fn is_eof(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    read_frame(s).is_none()
+}
+
+// ---- tests ----
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streamed_answer_and_socket_permissions() {
+    let d = Daemon::start(&config(""));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&d.socket), 0o600);
+    assert_eq!(mode(d.socket.parent().unwrap()), 0o700);
+
+    let c = d.client().await;
+    let id = c.new_id();
+    let mut rx =
+        c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let first = match rx.recv().await.unwrap() {
+        Incoming::Event(e) => e,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(first, Event::Accepted { id: id.clone(), pipeline: "chat".into() });
+    let (text, done) = finish(&mut rx).await;
+    assert!(text.contains("Paris"), "{text}");
+    match done {
+        Event::Done { id: Some(did), stop, metrics } => {
+            assert_eq!(did, id);
+            assert_eq!(stop, StopReason::Eos);
+            assert!(metrics.generated_tokens > 0 && metrics.ttft_ms > 0.0);
+        }
+        other => panic!("{other:?}"),
+    }
+    let st = c.status().await.unwrap();
+    let thinker = st.models.iter().find(|m| m.role == "thinker").unwrap();
+    assert_eq!(thinker.device.as_deref(), Some("cpu"));
+    assert!(thinker.placement.as_deref().unwrap().contains("running on CPU"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_concurrent_clients() {
+    let d = Daemon::start(&config(""));
+    let (a, b) = (d.client().await, d.client().await);
+    let opts = TurnOptions { temperature: Some(0.0), ..Default::default() };
+    let (ia, ib) = (a.new_id(), b.new_id());
+    let mut ra = a.turn(&ia, "chat", QUESTION, opts.clone()).await.unwrap();
+    let mut rb =
+        b.turn(&ib, "chat", "What is the capital of Italy? Answer in one short sentence.", opts).await.unwrap();
+    let ((ta, da), (tb, db)) = tokio::join!(finish(&mut ra), finish(&mut rb));
+    assert!(matches!(da, Event::Done { .. }) && matches!(db, Event::Done { .. }), "{da:?} {db:?}");
+    assert!(ta.contains("Paris"), "{ta}");
+    assert!(tb.contains("Rome"), "{tb}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_mid_generation() {
+    let d = Daemon::start(&config(""));
+    let c = d.client().await;
+    let id = c.new_id();
+    let mut rx = c.turn(&id, "chat", LONG, long_opts()).await.unwrap();
+    let mut tokens = 0;
+    let done = loop {
+        match rx.recv().await.unwrap() {
+            Incoming::Event(Event::Token { .. }) => {
+                tokens += 1;
+                if tokens == 3 {
+                    c.cancel(&id).await.unwrap();
+                }
+            }
+            Incoming::Event(ev @ (Event::Done { .. } | Event::Error { .. })) => break ev,
+            _ => {}
+        }
+    };
+    // Cut short, and says so. (How soon after the daemon reads the cancel is checked in the
+    // engine's tests with engine-side timestamps: within one token. Here the tokens already in
+    // flight depend on how fast this client reads on a loaded machine, so they are not counted.)
+    match done {
+        Event::Done { stop: StopReason::Cancelled, metrics, .. } => {
+            assert!(metrics.generated_tokens < 400, "{metrics:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Cancelling something that is not running is a clear error.
+    let mut rx = c.send(kazeia_ipc::Request::Cancel { id: "nope".into() }).await.unwrap();
+    match rx.recv().await.unwrap() {
+        Incoming::Event(Event::Error { code, .. }) => assert_eq!(code, ErrorCode::UnknownRequest),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnect_mid_generation_frees_the_model() {
+    let d = Daemon::start(&config(""));
+    let id;
+    {
+        let a = d.client().await;
+        id = a.new_id();
+        let mut rx = a.turn(&id, "chat", LONG, long_opts()).await.unwrap();
+        let mut n = 0;
+        while n < 3 {
+            if let Some(Incoming::Event(Event::Token { .. })) = rx.recv().await {
+                n += 1;
+            }
+        }
+        // `a` and its connection go away mid-generation.
+    }
+    // The daemon notices, cancels the turn and says so: cut short, not run to its 400 tokens.
+    tokio::task::block_in_place(|| d.wait_log(&format!("id={id:?}")));
+    let line = d.log().lines().find(|l| l.contains(&format!("id={id:?}"))).unwrap().to_string();
+    assert!(line.contains("turn ended") && line.contains("stop=\"cancelled\""), "{line}");
+    let generated: u32 =
+        line.split("generated=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap();
+    assert!(generated < 400, "{line}");
+
+    // The next client's turn runs on the freed model.
+    let b = d.client().await;
+    let mut rx = b
+        .turn(&b.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
+    let (text, done) = finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { .. }), "{done:?}");
+    assert!(text.contains("Paris"));
+    let mut st = common::settled(&b).await;
+    // a's connection is gone too (its handler ends after its turn's log line).
+    let t = Instant::now();
+    while st.connections != 1 {
+        assert!(t.elapsed() < common::HANG, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        st = b.status().await.unwrap();
+    }
+    let thinker = st.models.iter().find(|m| m.role == "thinker").unwrap();
+    // Every token the engine made is accounted for: the abandoned turn's and b's.
+    let Event::Done { metrics, .. } = done else { unreachable!() };
+    assert_eq!(thinker.generated_tokens, u64::from(generated + metrics.generated_tokens), "{thinker:?}");
+}
+
+#[test]
+fn bad_input_gets_error_codes_and_others_are_unaffected() {
+    let d = Daemon::start(&config("max_frame = 4096"));
+    let mut bystander = raw(&d, true);
+
+    // Before hello.
+    let mut s = raw(&d, false);
+    write_frame(&mut s, 1, br#"{"type":"status","id":"1"}"#);
+    assert_eq!(read_json(&mut s)["code"], "handshake_required");
+    assert!(is_eof(&mut s));
+
+    // Wrong protocol version.
+    let mut s = raw(&d, false);
+    write_frame(&mut s, 1, br#"{"type":"hello","protocol":99}"#);
+    let e = read_json(&mut s);
+    assert_eq!(e["code"], "protocol_version", "{e}");
+    assert!(is_eof(&mut s));
+
+    // After hello: each bad frame gets an error, and the connection goes on.
+    let mut s = raw(&d, true);
+    write_frame(&mut s, 1, b"{not json");
+    assert_eq!(read_json(&mut s)["code"], "bad_json");
+    write_frame(&mut s, 1, br#"{"type":"dance","id":"d1"}"#);
+    let e = read_json(&mut s);
+    assert_eq!((e["code"].as_str(), e["id"].as_str()), (Some("unknown_type"), Some("d1")));
+    write_frame(&mut s, 1, br#"{"type":"turn","id":"t1","text":42}"#);
+    assert_eq!(read_json(&mut s)["code"], "bad_request");
+    write_frame(&mut s, 1, br#"{"type":"turn","id":"t2","pipeline":"nope","text":"hi"}"#);
+    assert_eq!(read_json(&mut s)["code"], "pipeline");
+    write_frame(&mut s, 9, b"???");
+    assert_eq!(read_json(&mut s)["code"], "bad_frame");
+    // Audio for a request that does not exist: id "zz", 16 kHz mono, two samples.
+    let mut audio = vec![0u8, 2, b'z', b'z'];
+    audio.extend_from_slice(&16000u32.to_be_bytes());
+    audio.extend_from_slice(&[1, 0, 1, 0, 2, 0]);
+    write_frame(&mut s, 2, &audio);
+    let e = read_json(&mut s);
+    assert_eq!((e["code"].as_str(), e["id"].as_str()), (Some("no_audio_request"), Some("zz")));
+    write_frame(&mut s, 1, br#"{"type":"status","id":"s1"}"#);
+    assert_eq!(read_json(&mut s)["type"], "status");
+
+    // A frame over the limit: an error, then the connection closes (the stream is out of step).
+    s.write_all(&100_000u32.to_be_bytes()).unwrap();
+    // The daemon may already have closed: the rest of this frame is allowed to fail.
+    let _ = s.write_all(&[1u8; 64]);
+    assert_eq!(read_json(&mut s)["code"], "frame_too_large");
+    assert!(is_eof(&mut s));
+
+    // The daemon still serves everyone else.
+    write_frame(&mut bystander, 1, br#"{"type":"status","id":"s2"}"#);
+    let st = read_json(&mut bystander);
+    assert_eq!(st["type"], "status");
+    assert!(d.log().find("panicked").is_none(), "{}", d.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_peer() {
+    // The test runs as some uid; allow only another one.
+    let me = unsafe { libc::geteuid() };
+    let d = Daemon::start(&config(&format!("allow_uids = [{}]", me + 4242)));
+    match kazeia_ipc::Client::connect(&d.socket, "test").await {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::PermissionDenied);
+            assert!(message.contains(&me.to_string()), "{message}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a refused peer was let in"),
+    }
+    // Logged before the refusal is sent, but read from the daemon's stderr by another thread.
+    d.wait_log("refused a peer");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_queue_answers_busy_at_once() {
+    let d = Daemon::start(&config("queue_per_model = 1"));
+    let c = d.client().await;
+    // One running + one queued fill the role; the rest must be refused straight away. A turn is
+    // counted from its `accepted` on (before it has queued any work), and the connection reads
+    // requests in order: once both are accepted, the third meets a full role.
+    let mut rxs = Vec::new();
+    for _ in 0..2 {
+        let mut rx = c.turn(&c.new_id(), "chat", LONG, long_opts()).await.unwrap();
+        assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
+        rxs.push(rx);
+    }
+    let mut rx = c.turn(&c.new_id(), "chat", "hi", TurnOptions::default()).await.unwrap();
+    match rx.recv().await.unwrap() {
+        Incoming::Event(Event::Error { code, .. }) => assert_eq!(code, ErrorCode::Busy),
+        other => panic!("expected busy, got {other:?}"),
+    }
+    // "At once": before the queued turn has produced anything, so it did not wait for a slot.
+    let queued = &mut rxs[1];
+    while let Ok(item) = queued.try_recv() {
+        assert!(
+            !matches!(item, Incoming::Event(Event::Token { .. } | Event::Done { .. })),
+            "busy came after the queued turn ran: {item:?}"
+        );
+    }
+    let st = c.status().await.unwrap();
+    assert_eq!(st.models[0].turns, 2, "{:?}", st.models[0]);
+    for mut rx in rxs {
+        let (_, done) = finish(&mut rx).await;
+        assert!(matches!(done, Event::Done { .. }), "{done:?}");
+    }
+    // The leases went with the turns: the role takes turns again.
+    let mut rx = c
+        .turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
+    assert!(finish(&mut rx).await.0.contains("Paris"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_reader_is_disconnected_and_its_turn_cancelled() {
+    let d = Daemon::start(&config("connection_buffer = 4\nsocket_send_buffer = 4096"));
+    let mut s = raw(&d, true);
+    let turn = serde_json::json!({"type":"turn","id":"slow","text":LONG,"options":{"max_tokens":400,"temperature":0.9,"seed":7}});
+    write_frame(&mut s, 1, turn.to_string().as_bytes());
+    // Never read. The daemon must drop us rather than stall, and stop our turn.
+    let c = d.client().await;
+    let t = Instant::now();
+    loop {
+        let st = c.status().await.unwrap();
+        if st.connections == 1 && st.turns_running == 0 && d.log().contains("reads too slowly") {
+            break;
+        }
+        assert!(t.elapsed() < common::HANG, "slow reader still connected: {st:?}\n{}", d.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Meanwhile the engine keeps serving others.
+    let mut rx = c
+        .turn(&c.new_id(), "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() })
+        .await
+        .unwrap();
+    assert!(finish(&mut rx).await.0.contains("Paris"));
+    drop(s);
+}
+
+#[test]
+fn stale_socket_is_replaced_and_live_socket_is_kept() {
+    let mut d = Daemon::start(&config(""));
+    // A second daemon on the same socket refuses to start and leaves the first alone.
+    let cfg = d.dir.path().join("models.toml");
+    let (mut second, log) = common::spawn(&cfg, &d.socket);
+    let code = second.wait().unwrap().code();
+    assert_eq!(code, Some(1));
+    // Its stderr is read by another thread: the line may trail the exit by a moment.
+    let said = || log.lock().unwrap().clone();
+    common::wait_until("\"already serving\" from the second daemon", || said().contains("already serving"), said);
+    let mut s = raw(&d, true);
+    write_frame(&mut s, 1, br#"{"type":"status","id":"1"}"#);
+    assert_eq!(read_json(&mut s)["type"], "status");
+
+    // SIGKILL leaves the socket file behind; a new daemon replaces it.
+    d.signal(libc::SIGKILL);
+    d.wait(Duration::from_secs(5)).map(|_| ()).unwrap_or(());
+    let _ = d.child.wait();
+    assert!(d.socket.exists(), "the killed daemon's socket should still be there");
+    let dir = std::mem::replace(&mut d.dir, tempfile::tempdir().unwrap());
+    let text = std::fs::read_to_string(dir.path().join("models.toml")).unwrap();
+    let serial = d.take_serial();
+    let d2 = Daemon::start_in(serial, dir, &text);
+    assert!(d2.log().contains("stale socket"), "{}", d2.log());
+    let mut s = raw(&d2, true);
+    write_frame(&mut s, 1, br#"{"type":"status","id":"2"}"#);
+    assert_eq!(read_json(&mut s)["type"], "status");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_turn() {
+    let mut d = Daemon::start(&config("shutdown_grace = \"1s\""));
+    let c = d.client().await;
+    let id = c.new_id();
+    let mut rx = c.turn(&id, "chat", LONG, TurnOptions { max_tokens: Some(2000), ..long_opts() }).await.unwrap();
+    while !matches!(rx.recv().await, Some(Incoming::Event(Event::Token { .. }))) {}
+    d.signal(libc::SIGTERM);
+    // New work on an open connection is refused while the running turn gets its grace time
+    // (the daemon logs this once it refuses new turns).
+    tokio::task::block_in_place(|| d.wait_log("SIGTERM: shutting down"));
+    let mut refused = c.turn(&c.new_id(), "chat", "hi", TurnOptions::default()).await.unwrap();
+    match refused.recv().await {
+        Some(Incoming::Event(Event::Error { code, .. })) => assert_eq!(code, ErrorCode::ShuttingDown),
+        other => panic!("expected shutting_down, got {other:?}"),
+    }
+    // The long turn cannot finish in the 1 s grace: it is cancelled, and says so.
+    let (_, done) = finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { stop: StopReason::Cancelled, .. }), "{done:?}");
+    let code = tokio::task::block_in_place(|| {
+        let code = d.wait(common::HANG);
+        (code, d.socket.exists(), d.log())
+    });
+    assert_eq!(code.0, Some(0), "{}", code.2);
+    assert!(!code.1, "socket file was left behind");
+}
+
+#[test]
+fn systemd_socket_activation() {
+    use std::os::unix::io::AsRawFd;
+    let d = Daemon::start(&config(""));
+    // A socket bound by "systemd" (us), handed over as fd 3 with LISTEN_PID/LISTEN_FDS.
+    let path = d.dir.path().join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let fd = listener.as_raw_fd();
+    let cfg = d.dir.path().join("models.toml");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" serve --config \"$1\"",
+        env!("CARGO_BIN_EXE_kazeia"),
+        cfg.to_str().unwrap(),
+    ]);
+    cmd.stderr(std::process::Stdio::null());
+    hand_over(&mut cmd, fd, 3);
+    let child = cmd.spawn().unwrap();
+    drop(listener);
+    serves_then_stops(child, &path);
+}
+
+/// In the child, before exec: `fd` becomes `target`, inheritable. When the listener already is
+/// `target` (whatever number the test process happens to be at), dup2 onto itself does nothing
+/// and would leave close-on-exec set: clear the flag instead.
+fn hand_over(cmd: &mut std::process::Command, fd: i32, target: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: dup2 and fcntl are async-signal-safe; no allocation happens in the closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = if fd == target { libc::fcntl(target, libc::F_SETFD, 0) } else { libc::dup2(fd, target) };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A daemon serving on a socket it was handed: it answers, exits 0 on SIGTERM, and leaves the
+/// socket to its owner (systemd, init).
+fn serves_then_stops(mut child: std::process::Child, path: &std::path::Path) {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write_frame(&mut s, 1, br#"{"type":"hello","protocol":1}"#);
+    assert_eq!(read_json(&mut s)["type"], "welcome");
+    write_frame(&mut s, 1, br#"{"type":"status","id":"1"}"#);
+    assert_eq!(read_json(&mut s)["type"], "status");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(path.exists(), "the socket belongs to the supervisor that made it");
+}
+
+/// Android's init creates the `socket` of the service's .rc (dist/android/kazeia.rc) and passes
+/// its fd in `ANDROID_SOCKET_kazeia`; the daemon serves on it as on systemd's.
+#[test]
+fn android_init_socket() {
+    use std::os::unix::io::AsRawFd;
+    let d = Daemon::start(&config(""));
+    let path = d.dir.path().join("android.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let fd = listener.as_raw_fd();
+    let cfg = d.dir.path().join("models.toml");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"));
+    cmd.args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("ANDROID_SOCKET_kazeia", "9")
+        .stderr(std::process::Stdio::null());
+    hand_over(&mut cmd, fd, 9);
+    let child = cmd.spawn().unwrap();
+    drop(listener);
+    serves_then_stops(child, &path);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn load_unload_and_subscribe() {
+    let d = Daemon::start(&config("preload = false"));
+    let c = d.client().await;
+    // A subscriber sees every change.
+    let sub = c.new_id();
+    let mut subs = c.send(kazeia_ipc::Request::Subscribe { id: sub.clone() }).await.unwrap();
+    let state = |ev: Incoming| match ev {
+        Incoming::Event(Event::Status { status, .. }) => {
+            status.models.iter().find(|m| m.role == "thinker").unwrap().state
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(state(subs.recv().await.unwrap()), kazeia_ipc::ModelState::Unloaded);
+
+    let mut rx = c.send(kazeia_ipc::Request::Load { id: c.new_id(), role: "thinker".into() }).await.unwrap();
+    let mut progress = 0;
+    loop {
+        match rx.recv().await.unwrap() {
+            Incoming::Event(Event::LoadProgress { progress: p, .. }) => {
+                assert!((0.0..=1.0).contains(&p));
+                progress += 1;
+            }
+            Incoming::Event(Event::Loaded { role, .. }) => break assert_eq!(role, "thinker"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(progress > 0);
+    // The subscriber hears the load through to its end: loading first, then loaded.
+    let mut seen = vec![];
+    while seen.last() != Some(&kazeia_ipc::ModelState::Loaded) {
+        let ev = tokio::time::timeout(common::HANG, subs.recv()).await.expect("a status change").expect("open");
+        seen.push(state(ev));
+    }
+    assert!(seen.contains(&kazeia_ipc::ModelState::Loading), "{seen:?}");
+
+    let mut rx = c.send(kazeia_ipc::Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Unloaded { .. }))));
+    assert_eq!(c.status().await.unwrap().models[0].state, kazeia_ipc::ModelState::Unloaded);
+    // Unloading again, or loading an unknown role, is a clear error.
+    let mut rx = c.send(kazeia_ipc::Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Error { code: ErrorCode::NoModel, .. }))));
+    let mut rx = c.send(kazeia_ipc::Request::Load { id: c.new_id(), role: "ghost".into() }).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Error { code: ErrorCode::NoModel, .. }))));
+    // A turn loads what it needs, with progress on the turn's id.
+    let id = c.new_id();
+    let mut rx =
+        c.turn(&id, "chat", QUESTION, TurnOptions { temperature: Some(0.0), ..Default::default() }).await.unwrap();
+    let mut saw_progress = false;
+    let done = loop {
+        match rx.recv().await.unwrap() {
+            Incoming::Event(Event::LoadProgress { .. }) => saw_progress = true,
+            Incoming::Event(e @ (Event::Done { .. } | Event::Error { .. })) => break e,
+            _ => {}
+        }
+    };
+    assert!(saw_progress && matches!(done, Event::Done { .. }), "{done:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn critical_memory_pressure_refuses_new_turns() {
+    // A critical watermark above any machine's available memory: pressure is critical at once.
+    let d = Daemon::start(&config("[budget]\ncritical_watermark = \"100000GiB\"\nlow_watermark = \"100001GiB\""));
+    let c = d.client().await;
+    let t = Instant::now();
+    loop {
+        if c.status().await.unwrap().pressure == "critical" {
+            break;
+        }
+        assert!(t.elapsed() < common::HANG, "pressure never became critical");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions::default()).await.unwrap();
+    match rx.recv().await.unwrap() {
+        Incoming::Event(Event::Error { code, .. }) => assert_eq!(code, ErrorCode::MemoryPressure),
+        other => panic!("{other:?}"),
+    }
+    // The daemon keeps answering everything else.
+    assert!(c.status().await.is_ok());
+}

@@ -1,0 +1,139 @@
+//! The engine's face: what a pipeline asks of a language model and what comes back. [`Llm`] is
+//! implemented by [`crate::Engine`] (llama.cpp) and, in pipelines' unit tests of pure logic, by
+//! fakes; nothing here links llama.cpp.
+
+use std::time::Instant;
+
+use kazeia_ipc::{ErrorCode, Metrics, StopReason};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// One chat message, in the model's chat template's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        ChatMessage { role: role.to_string(), content: content.into() }
+    }
+}
+
+/// Per-request overrides of the role's configured sampling.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerateOptions {
+    pub temperature: Option<f32>,
+    pub seed: Option<u32>,
+    pub max_tokens: Option<u32>,
+    /// Keep generating past end-of-generation tokens (benchmarks need a fixed length).
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The model role from models.toml (`thinker`, `guard`, …).
+    pub role: String,
+    pub messages: Vec<ChatMessage>,
+    pub options: GenerateOptions,
+    /// Text the answer starts with, after the template's assistant opening (usually empty).
+    pub answer_prefix: String,
+    /// Which of the role's cached sequences to use (see `cache_slots` in models.toml): requests
+    /// of different shapes on one role keep their own reusable prefix.
+    pub slot: u32,
+}
+
+impl GenerateRequest {
+    pub fn new(role: &str, messages: Vec<ChatMessage>, options: GenerateOptions) -> Self {
+        GenerateRequest { role: role.to_string(), messages, options, answer_prefix: String::new(), slot: 0 }
+    }
+}
+
+/// Pick one of `labels` (exact continuation texts, e.g. " Safe") as the continuation of the chat
+/// prompt followed by `answer_prefix` (e.g. "Safety:"), in one pass: the labels' next-token logits are compared, and where labels
+/// share leading tokens the choice is decoded constrained to the labels.
+#[derive(Debug, Clone)]
+pub struct ClassifyRequest {
+    pub role: String,
+    pub messages: Vec<ChatMessage>,
+    pub answer_prefix: String,
+    pub labels: Vec<String>,
+    /// Reuse what the context already holds (the guard's fixed instructions). False prefills the
+    /// whole prompt again: only for measuring what the cache saves.
+    pub reuse_cache: bool,
+    /// Cache slot, as for [`GenerateRequest::slot`].
+    pub slot: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classification {
+    pub label: String,
+    /// Each label's probability among the labels, from the first differing token.
+    pub scores: Vec<(String, f32)>,
+    pub prompt_tokens: u32,
+    /// Tokens decoded for this request (the rest came from the context's cache).
+    pub prefilled_tokens: u32,
+    pub ms: f64,
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenSummary {
+    pub stop: StopReason,
+    pub metrics: Metrics,
+    /// Prompt tokens decoded for this request: the prompt minus what the context already held
+    /// (a session's earlier turns, a guard's fixed instructions), fewer if cancelled.
+    pub prefilled_tokens: u32,
+    /// Prompt tokens reused from the context's cache.
+    pub cached_tokens: u32,
+}
+
+/// What the engine reports while it works. `at` is when the engine produced the event, so a
+/// caller can tell what happened before and after a cancel without trusting channel latency.
+#[derive(Debug, Clone)]
+pub enum GenEvent {
+    /// A prefill chunk finished: `done` of `total` prompt tokens are in the context.
+    Prefill {
+        done: u32,
+        total: u32,
+        at: Instant,
+    },
+    Token {
+        text: String,
+        at: Instant,
+    },
+    Finished(Result<GenSummary, LlmError>),
+}
+
+/// An engine failure with a stable code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct LlmError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl LlmError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        LlmError { code, message: message.into() }
+    }
+}
+
+/// A language-model engine. `generate` returns at once; the work runs on the engine's threads and
+/// reports through the channel, ending with exactly one [`GenEvent::Finished`]. Cancelling the
+/// token stops it within one prefill chunk or one generated token.
+pub trait Llm: Send + Sync {
+    fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<mpsc::UnboundedReceiver<GenEvent>, LlmError>;
+
+    /// One-pass classification (see [`ClassifyRequest`]); same queue and cancellation rules.
+    fn classify(
+        &self,
+        request: ClassifyRequest,
+        cancel: CancellationToken,
+    ) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError>;
+}

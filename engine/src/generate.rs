@@ -1,0 +1,406 @@
+//! Requests on one role's context: prefill with prefix reuse, then generate or classify.
+//!
+//! The context remembers which tokens its KV holds (`Cache`). A new prompt that starts with them
+//! (a session's earlier turns, a guard's fixed instructions) only prefills what follows.
+//!
+//! Cancellation is checked between prefill chunks and before every decode step, so a cancel
+//! lands within one chunk or one token (llama.cpp has no safe way to abort a running decode).
+
+use std::time::Instant;
+
+use crate::api::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, LlmError};
+use kazeia_ipc::{Metrics, StopReason};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GenerateError;
+use crate::model::SharedModel;
+use crate::params::RoleParams;
+use crate::prompt;
+use crate::sampler::{self, SamplingPlan};
+use crate::worker::{ClassifyJob, Job};
+
+/// The tokens whose KV the context holds, per sequence (cache slot), in order.
+#[derive(Default)]
+pub struct Cache {
+    seqs: Vec<Vec<LlamaToken>>,
+}
+
+impl Cache {
+    fn seq(&mut self, s: usize) -> &mut Vec<LlamaToken> {
+        if self.seqs.len() <= s {
+            self.seqs.resize_with(s + 1, Vec::new);
+        }
+        &mut self.seqs[s]
+    }
+}
+
+/// Outcome of a prefill.
+struct Prefilled {
+    /// Tokens decoded now (the rest were cached).
+    decoded: u32,
+    cached: u32,
+    /// Batch index of the last prompt token's logits.
+    logits_idx: i32,
+    cancelled: bool,
+    secs: f64,
+}
+
+struct Run<'a, 'c> {
+    ctx: &'a mut LlamaContext<'c>,
+    /// This request's sequence: its cache slot.
+    seq: i32,
+    cache: &'a mut Cache,
+    model: &'a SharedModel,
+    cfg: &'a RoleParams,
+    compute: &'a Compute,
+}
+
+/// Who may run a decode. With `exclusive`, roles take turns one decode call (a prefill chunk or
+/// a token) at a time, fairly: on a machine with fewer cores than the roles' threads together,
+/// two OpenMP teams spinning at once slow both far more than alternating does. The turn is taken
+/// process-wide, since the cores are. Without it the roles decode in parallel (more cores, or an
+/// NPU for one of them).
+pub struct Compute {
+    pub exclusive: bool,
+}
+
+/// One decode at a time in this process, handed over in arrival order.
+static DECODE_TURN: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
+/// Requests running right now, all roles together: alone, a request needs no turn-taking.
+static RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts a running request while it lives.
+pub struct Running;
+
+impl Running {
+    pub fn start() -> Running {
+        RUNNING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Compute {
+    pub fn new(exclusive: bool) -> Compute {
+        Compute { exclusive }
+    }
+
+    fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch) -> Result<(), llama_cpp_2::DecodeError> {
+        // Take turns only when another request is running (a lone request keeps the lock off
+        // its hot path; a request that starts meanwhile waits at most one decode call).
+        let contended = self.exclusive && RUNNING.load(std::sync::atomic::Ordering::SeqCst) > 1;
+        let _turn = contended.then(|| DECODE_TURN.lock());
+        ctx.decode(batch)
+    }
+}
+
+impl Run<'_, '_> {
+    fn tokenize(&self, messages: &[ChatMessage], answer_prefix: &str) -> Result<Vec<LlamaToken>, GenerateError> {
+        let mut text = prompt::build(self.model, messages, self.cfg.thinking)?;
+        text.push_str(answer_prefix);
+        let tokens = self.model.model.vocab().tokenize(text.as_bytes(), true, true);
+        let n_ctx = self.ctx.n_ctx();
+        if tokens.is_empty() {
+            return Err(GenerateError::Prompt("the prompt is empty".into()));
+        }
+        if tokens.len() >= n_ctx as usize {
+            return Err(GenerateError::ContextOverflow { role: self.cfg.role.clone(), prompt: tokens.len(), n_ctx });
+        }
+        Ok(tokens)
+    }
+
+    /// Bring the context to `tokens`: keep the common prefix, drop the rest, decode the new part
+    /// in chunks. On return the cache matches what the KV holds, even when cancelled or failed.
+    fn prefill(
+        &mut self,
+        tokens: &[LlamaToken],
+        cancelled: &dyn Fn() -> bool,
+        events: Option<&UnboundedSender<GenEvent>>,
+    ) -> Result<Prefilled, GenerateError> {
+        let t = Instant::now();
+        let seq = self.seq;
+        let cached = self.cache.seq(seq as usize);
+        let common = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        // At least the last prompt token is decoded again: its logits are needed.
+        let mut keep = common.min(tokens.len() - 1);
+        if keep < cached.len() {
+            let removed = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(keep as u32), None).unwrap_or(false);
+            if !removed {
+                // Recurrent state (e.g. Qwen3.5's DeltaNet layers) cannot be cut back: start over.
+                self.reset();
+                keep = 0;
+            }
+            self.cache.seq(seq as usize).truncate(keep);
+        }
+        let chunk = (self.cfg.prefill_chunk.min(self.ctx.n_batch()) as usize).max(1);
+        let mut batch = LlamaBatch::new(chunk, 1);
+        let total = tokens.len() as u32;
+        let mut decoded = 0u32;
+        let mut logits_idx = 0;
+        for piece in tokens[keep..].chunks(chunk) {
+            if cancelled() {
+                return Ok(Prefilled {
+                    decoded,
+                    cached: keep as u32,
+                    logits_idx,
+                    cancelled: true,
+                    secs: t.elapsed().as_secs_f64(),
+                });
+            }
+            batch.clear();
+            let base = self.cache.seq(seq as usize).len();
+            for (j, &tok) in piece.iter().enumerate() {
+                let pos = base + j;
+                batch
+                    .add(tok, pos as i32, &[seq], pos + 1 == tokens.len())
+                    .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
+            }
+            if let Err(e) = self.compute.decode(self.ctx, &mut batch) {
+                self.reset();
+                return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
+            }
+            self.cache.seq(seq as usize).extend_from_slice(piece);
+            decoded += piece.len() as u32;
+            logits_idx = batch.n_tokens() - 1;
+            if let Some(ev) = events {
+                let _ = ev.send(GenEvent::Prefill { done: keep as u32 + decoded, total, at: Instant::now() });
+            }
+        }
+        Ok(Prefilled { decoded, cached: keep as u32, logits_idx, cancelled: false, secs: t.elapsed().as_secs_f64() })
+    }
+
+    /// Decode one token at the end of the context.
+    fn step(&mut self, batch: &mut LlamaBatch, token: LlamaToken) -> Result<(), GenerateError> {
+        let seq = self.seq;
+        let pos = self.cache.seq(seq as usize).len();
+        batch.clear();
+        batch.add(token, pos as i32, &[seq], true).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
+        if let Err(e) = self.compute.decode(self.ctx, batch) {
+            self.reset();
+            return Err(GenerateError::Decode { pos, reason: e.to_string() });
+        }
+        self.cache.seq(seq as usize).push(token);
+        Ok(())
+    }
+
+    /// Forget this sequence (after a failed decode its KV state is unknown).
+    fn reset(&mut self) {
+        let seq = self.seq;
+        if !self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).unwrap_or(false) {
+            self.ctx.clear_kv_cache();
+            self.cache.seqs.clear();
+        }
+        self.cache.seq(seq as usize).clear();
+    }
+}
+
+/// The sequence for a requested slot; slots beyond the role's `cache_slots` share the last.
+fn slot(cfg: &RoleParams, requested: u32) -> i32 {
+    requested.min(cfg.cache_slots.max(1) - 1) as i32
+}
+
+/// Run a generation job. Always sends exactly one `Finished` event. Returns the tokens it
+/// generated (counted by the role, e.g. for a job whose listener vanished).
+pub fn run(
+    ctx: &mut LlamaContext<'_>,
+    cache: &mut Cache,
+    model: &SharedModel,
+    cfg: &RoleParams,
+    compute: &Compute,
+    job: Job,
+) -> u32 {
+    let events = job.events.clone();
+    let seq = slot(cfg, job.request.slot);
+    let mut run = Run { ctx, seq, cache, model, cfg, compute };
+    let result = generate(&mut run, &job).map_err(LlmError::from);
+    let generated = result.as_ref().map(|s| s.metrics.generated_tokens).unwrap_or(0);
+    let _ = events.send(GenEvent::Finished(result));
+    generated
+}
+
+fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateError> {
+    let start = job.submitted;
+    let opts = &job.request.options;
+    // A vanished listener is a cancel: nobody would read what we produce.
+    let cancelled = || job.cancel.is_cancelled() || job.events.is_closed();
+    let tokens = run.tokenize(&job.request.messages, &job.request.answer_prefix)?;
+    let total = tokens.len() as u32;
+    let n_ctx = run.ctx.n_ctx();
+    let mut metrics = Metrics { prompt_tokens: total, ..Metrics::default() };
+
+    let pre = run.prefill(&tokens, &cancelled, Some(&job.events))?;
+    metrics.cached_tokens = pre.cached;
+    let summary = |stop, mut metrics: Metrics, pre: &Prefilled| {
+        if metrics.ttft_ms == 0.0 {
+            metrics.ttft_ms = start.elapsed().as_secs_f64() * 1e3;
+        }
+        Ok(GenSummary { stop, metrics, prefilled_tokens: pre.decoded, cached_tokens: pre.cached })
+    };
+    if pre.cancelled {
+        return summary(StopReason::Cancelled, metrics, &pre);
+    }
+    metrics.prefill_tok_s = f64::from(pre.decoded) / pre.secs.max(1e-9);
+
+    let plan = SamplingPlan {
+        base: run.cfg.sampling.clone(),
+        temperature: opts.temperature.unwrap_or(run.cfg.sampling.temperature),
+        seed: opts.seed.unwrap_or(run.cfg.sampling.seed),
+    };
+    let mut sampler = sampler::build(&plan, run.model.model.n_vocab());
+    let max_new = opts.max_tokens.unwrap_or(run.cfg.sampling.max_tokens);
+    let room = n_ctx - total;
+    let vocab = run.model.model.vocab();
+    let mut decoder = encoding_rs::UTF_8.new_decoder();
+    let mut batch = LlamaBatch::new(1, 1);
+    let mut logits_idx = pre.logits_idx;
+    let mut generated = 0u32;
+    let mut decoded = 0u32;
+    let mut first_at: Option<Instant> = None;
+    let t_gen = Instant::now();
+
+    let stop = loop {
+        if cancelled() {
+            break StopReason::Cancelled;
+        }
+        let token = sampler.sample(run.ctx, logits_idx);
+        if vocab.is_eog(token) && !opts.ignore_eos {
+            break StopReason::Eos;
+        }
+        generated += 1;
+        let bytes = vocab.token_to_piece(token, false, None);
+        let mut piece = String::with_capacity(bytes.len() + 4);
+        let _ = decoder.decode_to_string(&bytes, &mut piece, false);
+        if !piece.is_empty() {
+            let now = Instant::now();
+            if first_at.is_none() {
+                first_at = Some(now);
+                metrics.ttft_ms = (now - start).as_secs_f64() * 1e3;
+            }
+            let _ = job.events.send(GenEvent::Token { text: piece, at: now });
+        }
+        if generated >= max_new {
+            break StopReason::Length;
+        }
+        if generated >= room {
+            break StopReason::ContextFull;
+        }
+        if cancelled() {
+            break StopReason::Cancelled;
+        }
+        // The sampled token joins the context, so a session's next turn can reuse it.
+        run.step(&mut batch, token)?;
+        decoded += 1;
+        logits_idx = 0;
+    };
+    // Bytes of an incomplete UTF-8 sequence at the very end.
+    let mut tail = String::new();
+    let _ = decoder.decode_to_string(&[], &mut tail, true);
+    if !tail.is_empty() {
+        let _ = job.events.send(GenEvent::Token { text: tail, at: Instant::now() });
+    }
+    let gen_s = t_gen.elapsed().as_secs_f64();
+    metrics.generated_tokens = generated;
+    // Steady-state decode speed: decode steps over the whole sampling+decode loop time.
+    metrics.decode_tok_s = if decoded > 0 { f64::from(decoded) / gen_s.max(1e-9) } else { 0.0 };
+    summary(stop, metrics, &pre)
+}
+
+/// Run a classification job. Always answers once.
+pub fn run_classify(
+    ctx: &mut LlamaContext<'_>,
+    cache: &mut Cache,
+    model: &SharedModel,
+    cfg: &RoleParams,
+    compute: &Compute,
+    job: ClassifyJob,
+) {
+    let seq = slot(cfg, job.request.slot);
+    let mut run = Run { ctx, seq, cache, model, cfg, compute };
+    let result = classify(&mut run, &job.request, &job.cancel).map_err(LlmError::from);
+    let _ = job.reply.send(result);
+}
+
+fn log_softmax_at(logits: &[f32], ids: &[LlamaToken]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    ids.iter().map(|t| logits[t.0 as usize] - lse).collect()
+}
+
+fn classify(
+    run: &mut Run<'_, '_>,
+    req: &ClassifyRequest,
+    cancel: &CancellationToken,
+) -> Result<Classification, GenerateError> {
+    let t = Instant::now();
+    if req.labels.is_empty() {
+        return Err(GenerateError::Prompt("no labels to choose from".into()));
+    }
+    let tokens = run.tokenize(&req.messages, &req.answer_prefix)?;
+    let cancelled = || cancel.is_cancelled();
+    if !req.reuse_cache {
+        run.reset();
+    }
+    let pre = run.prefill(&tokens, &cancelled, None)?;
+    if pre.cancelled {
+        return Err(GenerateError::Cancelled);
+    }
+    let vocab = run.model.model.vocab();
+    // Each label as it would continue the prompt: " Safe", " Unsafe", …
+    let seqs: Vec<Vec<LlamaToken>> = req.labels.iter().map(|l| vocab.tokenize(l.as_bytes(), false, false)).collect();
+    let mut alive: Vec<usize> = (0..seqs.len()).filter(|&i| !seqs[i].is_empty()).collect();
+    let mut depth = 0;
+    let mut logits_idx = pre.logits_idx;
+    let mut scores: Option<Vec<(String, f32)>> = None;
+    let mut batch = LlamaBatch::new(1, 1);
+    let mut extra = 0u32;
+    let chosen = loop {
+        let logits = run.ctx.get_logits_ith(logits_idx);
+        let next: Vec<LlamaToken> = alive.iter().map(|&i| seqs[i][depth]).collect();
+        let lp = log_softmax_at(logits, &next);
+        // The first position where the survivors differ decides; report it as probabilities.
+        let distinct = next.iter().any(|t| *t != next[0]);
+        if scores.is_none() && (distinct || alive.len() == 1) {
+            let z = lp.iter().map(|v| v.exp()).sum::<f32>().max(f32::MIN_POSITIVE);
+            scores = Some(alive.iter().zip(&lp).map(|(&i, v)| (req.labels[i].clone(), v.exp() / z)).collect());
+        }
+        let best = next[lp.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, _)| k).unwrap()];
+        alive.retain(|&i| seqs[i][depth] == best);
+        // A label complete at this depth wins over longer ones sharing its tokens.
+        if let Some(&done) = alive.iter().find(|&&i| seqs[i].len() == depth + 1) {
+            break done;
+        }
+        if alive.len() == 1 {
+            break alive[0];
+        }
+        if cancelled() {
+            return Err(GenerateError::Cancelled);
+        }
+        // Labels share this token: decode it and compare what follows.
+        run.step(&mut batch, best)?;
+        extra += 1;
+        logits_idx = 0;
+        depth += 1;
+    };
+    let mut scores = scores.unwrap_or_default();
+    for l in &req.labels {
+        if !scores.iter().any(|(s, _)| s == l) {
+            scores.push((l.clone(), 0.0));
+        }
+    }
+    Ok(Classification {
+        label: req.labels[chosen].clone(),
+        scores,
+        prompt_tokens: tokens.len() as u32,
+        prefilled_tokens: pre.decoded + extra,
+        ms: t.elapsed().as_secs_f64() * 1e3,
+    })
+}

@@ -1,0 +1,75 @@
+//! A loaded GGUF, shared by every role that names the same file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kazeia_memory_budget::gguf::{self, GgufHeader};
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+
+use crate::backend::{backend, Placement};
+use crate::error::LoadError;
+
+/// A model in memory. Roles hold it by `Arc`; it is freed when the last role unloads.
+pub struct SharedModel {
+    pub model: LlamaModel,
+    pub path: PathBuf,
+    pub header: GgufHeader,
+    pub mmap: bool,
+    pub placement: Placement,
+    /// The chat template stored in the file, if any.
+    pub template: Option<String>,
+}
+
+/// What makes two roles able to share one loaded model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ModelKey {
+    pub path: PathBuf,
+    pub mmap: bool,
+    pub devices: Vec<usize>,
+}
+
+impl ModelKey {
+    pub fn new(path: &Path, mmap: bool, placement: &Placement) -> ModelKey {
+        // Canonical, so that two spellings of one file still share it.
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        ModelKey { path, mmap, devices: placement.device_indices.clone() }
+    }
+}
+
+impl SharedModel {
+    /// Check the header, then load through llama.cpp, reporting progress in 0..=1.
+    pub fn load(
+        path: &Path,
+        mmap: bool,
+        placement: Placement,
+        progress: Box<dyn FnMut(f32) + Send>,
+    ) -> Result<Arc<SharedModel>, LoadError> {
+        // A missing, truncated or foreign file fails here with its name, not inside llama.cpp.
+        let header = gguf::read_header(path)?;
+        let backend = backend()?;
+        let mut progress = progress;
+        let mut params = LlamaModelParams::default().with_use_mmap(mmap).with_progress_callback(move |p| {
+            progress(p);
+            true
+        });
+        if !placement.device_indices.is_empty() {
+            params = params
+                .with_devices(&placement.device_indices)
+                .map_err(|e| LoadError::Llama { path: path.display().to_string(), reason: e.to_string() })?
+                .with_n_gpu_layers(u32::MAX / 2);
+        } else {
+            params = params.with_n_gpu_layers(0);
+        }
+        let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| LoadError::Llama {
+            path: path.display().to_string(),
+            reason: format!("{e} (the header was valid: the tensors or architecture were refused; RUST_LOG=llama_cpp_2=warn shows llama.cpp's reason)"),
+        })?;
+        let template = model.chat_template(None).ok().and_then(|t| t.to_string().ok());
+        Ok(Arc::new(SharedModel { model, path: path.to_path_buf(), header, mmap, placement, template }))
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        self.header.file_size
+    }
+}

@@ -1,0 +1,67 @@
+//! What the engine needs to run a role: its own types, filled by whoever owns the settings (the
+//! daemon's models.toml). The engine never parses a config file.
+
+use serde::{Deserialize, Serialize};
+
+pub use kazeia_memory_budget::Backend;
+
+/// llama.cpp's flash-attention policy for a role's context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlashAttn {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// Sampling defaults for a role; a request may override temperature, seed and max_tokens.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sampling {
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: i32,
+    pub seed: u32,
+    pub max_tokens: u32,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 42,
+            max_tokens: 512,
+        }
+    }
+}
+
+/// One role's context and sampling: everything a worker needs besides the model file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoleParams {
+    /// `thinker`, `guard`, …: the name requests use.
+    pub role: String,
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    /// Prompt tokens decoded between two cancel checks (≥ 1).
+    pub prefill_chunk: u32,
+    pub threads: u32,
+    pub backend: Backend,
+    pub mmap: bool,
+    /// Templates with a think block: false appends the empty block that turns thinking off.
+    pub thinking: bool,
+    pub flash_attn: FlashAttn,
+    /// Sequences cached side by side in one context (they share the n_ctx cells).
+    pub cache_slots: u32,
+    pub sampling: Sampling,
+}

@@ -1,0 +1,194 @@
+//! One thread per loaded role. It owns the role's llama.cpp context (which borrows the shared
+//! model) and serves requests from a bounded queue, one at a time.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::api::{Classification, ClassifyRequest, GenEvent, GenerateRequest, LlmError};
+use llama_cpp_2::context::params::LlamaContextParams;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::backend;
+use crate::error::{GenerateError, LoadError};
+use crate::generate;
+use crate::model::SharedModel;
+use crate::params::{FlashAttn, RoleParams};
+
+/// llama.cpp mutates the model while creating a context (see llama-cpp-2's `new_context`):
+/// contexts of a shared model must be created one at a time.
+static CONTEXT_CREATION: Mutex<()> = Mutex::new(());
+
+pub struct Job {
+    pub request: GenerateRequest,
+    pub cancel: CancellationToken,
+    pub events: UnboundedSender<GenEvent>,
+    /// When the request was accepted: ttft counts queueing too.
+    pub submitted: Instant,
+}
+
+pub struct ClassifyJob {
+    pub request: ClassifyRequest,
+    pub cancel: CancellationToken,
+    pub reply: tokio::sync::oneshot::Sender<Result<Classification, LlmError>>,
+}
+
+/// A request for the role's thread; each carries its own reply channel.
+pub enum Msg {
+    Generate(Box<Job>),
+    Classify(Box<ClassifyJob>),
+}
+
+/// The handle the engine keeps for a loaded role. Dropping it stops the thread after its
+/// current request (the queue sender closes) and waits for it.
+pub struct Worker {
+    role: String,
+    queue: Option<SyncSender<Msg>>,
+    capacity: usize,
+    /// Requests queued or running.
+    pending: Arc<AtomicUsize>,
+    /// Tokens generated since the role loaded, whoever read them.
+    generated: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Start the role's thread and create its context there. Returns once the context exists.
+    pub fn start(
+        cfg: RoleParams,
+        model: Arc<SharedModel>,
+        queue_capacity: usize,
+        compute: Arc<generate::Compute>,
+    ) -> Result<Worker, LoadError> {
+        let (tx, rx) = mpsc::sync_channel::<Msg>(queue_capacity);
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LoadError>>();
+        let role = cfg.role.clone();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let generated = Arc::new(AtomicU64::new(0));
+        let counters = Counters { pending: pending.clone(), generated: generated.clone() };
+        let thread = std::thread::Builder::new()
+            .name(format!("llm-{role}"))
+            .spawn(move || run(cfg, model, rx, ready_tx, counters, compute))
+            .map_err(|e| LoadError::Thread { role: role.clone(), reason: e.to_string() })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {
+                Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, pending, generated, thread: Some(thread) })
+            }
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(LoadError::Thread { role, reason: "the thread ended before its context was ready".into() })
+            }
+        }
+    }
+
+    /// Queue a job; a full queue is refused at once (`busy`), never waited on.
+    pub fn submit(&self, msg: Msg) -> Result<(), GenerateError> {
+        let queue = self.queue.as_ref().ok_or_else(|| GenerateError::NoModel(self.role.clone()))?;
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        queue
+            .try_send(msg)
+            .inspect_err(|_e| {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
+            })
+            .map_err(|e| match e {
+                TrySendError::Full(_) => GenerateError::Busy { role: self.role.clone(), capacity: self.capacity },
+                TrySendError::Disconnected(_) => GenerateError::NoModel(self.role.clone()),
+            })
+    }
+}
+
+impl Worker {
+    /// Requests queued or running on this role.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Tokens this role generated since it loaded.
+    pub fn generated(&self) -> u64 {
+        self.generated.load(Ordering::SeqCst)
+    }
+}
+
+/// What the role's thread counts for the engine.
+struct Counters {
+    pending: Arc<AtomicUsize>,
+    generated: Arc<AtomicU64>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(
+    cfg: RoleParams,
+    model: Arc<SharedModel>,
+    rx: Receiver<Msg>,
+    ready: mpsc::Sender<Result<(), LoadError>>,
+    counters: Counters,
+    compute: Arc<generate::Compute>,
+) {
+    let ctx = {
+        let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
+        let mut params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(cfg.n_ctx))
+            .with_n_batch(cfg.n_batch)
+            .with_n_ubatch(cfg.n_ubatch)
+            .with_n_threads(cfg.threads as i32)
+            .with_n_threads_batch(cfg.threads as i32)
+            .with_flash_attention_policy(match cfg.flash_attn {
+                FlashAttn::Auto => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_AUTO,
+                FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                FlashAttn::Off => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            });
+        if cfg.cache_slots > 1 {
+            // Several slots share the n_ctx cells (one slot keeps llama.cpp's default layout).
+            params = params.with_n_seq_max(cfg.cache_slots).with_kv_unified(true);
+        }
+        backend().and_then(|b| {
+            model.model.new_context(b, params).map_err(|e| LoadError::Context {
+                role: cfg.role.clone(),
+                path: model.path.display().to_string(),
+                reason: e.to_string(),
+            })
+        })
+    };
+    let mut ctx = match ctx {
+        Ok(ctx) => {
+            let _ = ready.send(Ok(()));
+            ctx
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let mut cache = generate::Cache::default();
+    // The queue closes when the engine drops this role's Worker.
+    while let Ok(msg) = rx.recv() {
+        let _running = generate::Running::start();
+        match msg {
+            Msg::Generate(job) => {
+                let n = generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job);
+                counters.generated.fetch_add(u64::from(n), Ordering::SeqCst);
+            }
+            Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+        }
+        counters.pending.fetch_sub(1, Ordering::SeqCst);
+    }
+    // The context (and with it, this role's KV and compute buffers) is freed here, before the
+    // model's last Arc may go.
+    drop(ctx);
+}

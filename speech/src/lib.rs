@@ -1,0 +1,125 @@
+//! Speech through ONNX Runtime: VAD (Silero), STT (Whisper base), voices (Piper, espeak-ng),
+//! audio helpers. One module per concept; `runtime` owns the process's ONNX Runtime
+//! environment. Settings come as plain parameters: this crate reads no config file.
+
+pub mod audio;
+pub mod mel;
+pub mod runtime;
+pub mod tts;
+pub mod vad;
+pub mod wer;
+pub mod whisper;
+
+use std::time::Duration;
+
+pub use runtime::{Placement, SpeechError};
+pub use tts::{Espeak, Piper, Voice};
+pub use vad::{Segment, Vad, VadEvent, VadParams};
+pub use whisper::{Transcript, Whisper};
+
+use std::path::PathBuf;
+
+pub use kazeia_memory_budget::Backend;
+
+/// Speech to text: VAD to find the utterances, Whisper on windows of at most 30 s cut at
+/// pauses, the language detected on the first window and kept for the rest.
+pub struct Transcriber {
+    pub vad: Vad,
+    pub whisper: Whisper,
+    /// Languages detection chooses among (`[speech] languages`).
+    pub candidates: Vec<String>,
+}
+
+/// Where the STT models are and how they run.
+#[derive(Debug, Clone)]
+pub struct SttParams {
+    /// Whisper directory (encoder.onnx, decoder.onnx, whisper.json, vocabulary.txt).
+    pub whisper_dir: PathBuf,
+    /// Silero VAD .onnx.
+    pub vad: PathBuf,
+    pub backend: Backend,
+    pub threads: usize,
+    /// Silence that ends an utterance.
+    pub vad_silence: Duration,
+    /// Languages detection chooses among (empty: any of Whisper's).
+    pub languages: Vec<String>,
+}
+
+impl Transcriber {
+    pub fn load(p: &SttParams) -> Result<Transcriber, SpeechError> {
+        let params = VadParams { min_silence: p.vad_silence, ..VadParams::default() };
+        let vad = Vad::load(&p.vad, p.backend, params)?;
+        let whisper = Whisper::load(&p.whisper_dir, p.threads, p.backend)?;
+        Ok(Transcriber { vad, whisper, candidates: p.languages.clone() })
+    }
+
+    /// Windows of at most 30 s, cut between the VAD's utterances (one utterance longer than
+    /// 30 s is cut at 30 s). Short audio is one window as it is.
+    pub fn windows(&mut self, audio: &[f32]) -> Result<Vec<Segment>, SpeechError> {
+        const MAX: usize = mel::WINDOW_SAMPLES;
+        if audio.len() <= MAX {
+            return Ok(vec![Segment { start: 0, end: audio.len() }]);
+        }
+        let mut out: Vec<Segment> = Vec::new();
+        for seg in self.vad.segments(audio)? {
+            let mut s = seg;
+            while s.end - s.start > MAX {
+                out.push(Segment { start: s.start, end: s.start + MAX });
+                s.start += MAX;
+            }
+            match out.last_mut() {
+                Some(w) if s.end - w.start <= MAX => w.end = s.end,
+                _ => out.push(s),
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn transcribe(
+        &mut self,
+        audio: &[f32],
+        language: Option<&str>,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Transcript, SpeechError> {
+        let mut lang = language.map(str::to_string);
+        let mut all =
+            Transcript { text: String::new(), language: String::new(), tokens: 0, encoder_ms: 0.0, decoder_ms: 0.0 };
+        for w in self.windows(audio)? {
+            if cancel() {
+                break;
+            }
+            let t =
+                self.whisper.transcribe_window(&audio[w.start..w.end], lang.as_deref(), &self.candidates, cancel)?;
+            lang.get_or_insert(t.language.clone());
+            if !all.text.is_empty() && !t.text.is_empty() {
+                all.text.push(' ');
+            }
+            all.text.push_str(&t.text);
+            all.language = t.language;
+            all.tokens += t.tokens;
+            all.encoder_ms += t.encoder_ms;
+            all.decoder_ms += t.decoder_ms;
+        }
+        Ok(all)
+    }
+}
+
+/// A voice: `espeak:<voice>` (espeak-ng) or a Piper .onnx with its .onnx.json beside it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VoiceSpec {
+    Espeak(String),
+    Piper(PathBuf),
+}
+
+/// Load the voice `spec` names.
+pub fn voice(spec: &VoiceSpec, threads: usize, backend: Backend) -> Result<Box<dyn Voice>, SpeechError> {
+    match spec {
+        VoiceSpec::Espeak(v) => Ok(Box::new(Espeak { voice: v.clone() })),
+        VoiceSpec::Piper(path) => Ok(Box::new(Piper::load(path, threads, backend)?)),
+    }
+}
+
+/// The VAD's silence default, for config.
+pub fn default_vad_silence() -> Duration {
+    VadParams::default().min_silence
+}

@@ -1,0 +1,170 @@
+//! Whisper's log-mel spectrogram, in Rust: 16 kHz, 25 ms Hann window (400), 10 ms hop (160),
+//! 80 Slaney-scale mel bands, log10 clamped to 8 below the peak, scaled to about [-1, 1].
+//!
+//! Padding follows faster-whisper (the reference implementation of the same CTranslate2
+//! weights), not openai-whisper: the audio gets 160 zero samples, the spectrogram covers only
+//! the audio, and the 30 s window is filled with zeros *in the log-mel domain*. openai-whisper
+//! pads the audio with 30 s of silence instead (silence = peak − 8 after the clamp). Measured on
+//! espeak-ng clips: with openai-style padding Whisper base turned "The weather is nice today"
+//! into "But wherever is ice today"; with this padding both agree word for word.
+
+use std::sync::Arc;
+
+use rustfft::{num_complex::Complex32, Fft, FftPlanner};
+
+pub const SAMPLE_RATE: usize = 16_000;
+pub const N_FFT: usize = 400;
+pub const HOP: usize = 160;
+pub const N_MELS: usize = 80;
+/// Frames of one 30 s window.
+pub const N_FRAMES: usize = 3000;
+pub const WINDOW_SAMPLES: usize = N_FRAMES * HOP;
+
+pub struct Mel {
+    fft: Arc<dyn Fft<f32>>,
+    window: Vec<f32>,
+    /// [N_MELS][N_FFT/2 + 1]
+    filters: Vec<Vec<f32>>,
+}
+
+fn hz_to_mel(f: f64) -> f64 {
+    // Slaney: linear below 1 kHz, logarithmic above.
+    let (f_sp, min_log_hz) = (200.0 / 3.0, 1000.0);
+    let min_log_mel = min_log_hz / f_sp;
+    let logstep = (6.4f64).ln() / 27.0;
+    if f >= min_log_hz {
+        min_log_mel + (f / min_log_hz).ln() / logstep
+    } else {
+        f / f_sp
+    }
+}
+
+fn mel_to_hz(m: f64) -> f64 {
+    let (f_sp, min_log_hz) = (200.0 / 3.0, 1000.0);
+    let min_log_mel = min_log_hz / f_sp;
+    let logstep = (6.4f64).ln() / 27.0;
+    if m >= min_log_mel {
+        min_log_hz * (logstep * (m - min_log_mel)).exp()
+    } else {
+        f_sp * m
+    }
+}
+
+/// librosa.filters.mel(sr=16000, n_fft=400, n_mels=80) with Slaney normalisation.
+fn mel_filters() -> Vec<Vec<f32>> {
+    let n_bins = N_FFT / 2 + 1;
+    let fft_freqs: Vec<f64> = (0..n_bins).map(|i| i as f64 * SAMPLE_RATE as f64 / N_FFT as f64).collect();
+    let (lo, hi) = (hz_to_mel(0.0), hz_to_mel(SAMPLE_RATE as f64 / 2.0));
+    let pts: Vec<f64> = (0..N_MELS + 2).map(|i| mel_to_hz(lo + (hi - lo) * i as f64 / (N_MELS + 1) as f64)).collect();
+    (0..N_MELS)
+        .map(|m| {
+            let (l, c, r) = (pts[m], pts[m + 1], pts[m + 2]);
+            let enorm = 2.0 / (r - l);
+            fft_freqs
+                .iter()
+                .map(|&f| {
+                    let up = (f - l) / (c - l);
+                    let down = (r - f) / (r - c);
+                    (up.min(down).max(0.0) * enorm) as f32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+impl Default for Mel {
+    fn default() -> Self {
+        Mel::new()
+    }
+}
+
+impl Mel {
+    pub fn new() -> Mel {
+        let fft = FftPlanner::new().plan_fft_forward(N_FFT);
+        // Periodic Hann window.
+        let window = (0..N_FFT)
+            .map(|i| (0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / N_FFT as f64).cos()) as f32)
+            .collect();
+        Mel { fft, window, filters: mel_filters() }
+    }
+
+    /// Log-mel of up to 30 s of 16 kHz mono samples, as [N_MELS × N_FRAMES] row-major.
+    pub fn compute(&self, samples: &[f32]) -> Vec<f32> {
+        let samples = &samples[..samples.len().min(WINDOW_SAMPLES)];
+        let half = N_FFT / 2;
+        // The audio + 160 zeros, reflect-padded by N_FFT/2 on both sides (centered STFT).
+        let len = samples.len() + HOP;
+        let mut padded = vec![0f32; len + N_FFT];
+        padded[half..half + samples.len()].copy_from_slice(samples);
+        for i in 0..half {
+            padded[half - 1 - i] = padded[(half + 1 + i).min(half + len - 1)];
+            padded[half + len + i] = padded[(half + len).saturating_sub(2 + i).max(half)];
+        }
+        // numpy's STFT gives len/HOP + 1 frames; the last is dropped.
+        let n_frames = (len / HOP).min(N_FRAMES);
+        let n_bins = N_FFT / 2 + 1;
+        let mut out = vec![0f32; N_MELS * N_FRAMES];
+        let mut buf = vec![Complex32::new(0.0, 0.0); N_FFT];
+        let mut power = vec![0f32; n_bins];
+        let mut scratch = vec![Complex32::new(0.0, 0.0); self.fft.get_inplace_scratch_len()];
+        let mut peak = f32::MIN;
+        for frame in 0..n_frames {
+            let start = frame * HOP;
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = Complex32::new(padded[start + i] * self.window[i], 0.0);
+            }
+            self.fft.process_with_scratch(&mut buf, &mut scratch);
+            for (p, c) in power.iter_mut().zip(&buf[..n_bins]) {
+                *p = c.norm_sqr();
+            }
+            for (m, filt) in self.filters.iter().enumerate() {
+                let e: f32 = filt.iter().zip(&power).map(|(a, b)| a * b).sum();
+                let v = e.max(1e-10).log10();
+                peak = peak.max(v);
+                out[m * N_FRAMES + frame] = v;
+            }
+        }
+        // faster-whisper then treats all but the last frame as content (`content_frames =
+        // n_frames - 1`) and zero-fills the window after it.
+        let content = n_frames.saturating_sub(1);
+        for m in 0..N_MELS {
+            let row = &mut out[m * N_FRAMES..(m + 1) * N_FRAMES];
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = if i < content { (v.max(peak - 8.0) + 4.0) / 4.0 } else { 0.0 };
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_match_librosa_slaney_shape() {
+        let f = mel_filters();
+        assert_eq!((f.len(), f[0].len()), (80, 201));
+        // Every band has weight, bands are normalised by their width (Slaney): the low,
+        // narrow bands weigh more per bin than the high, wide ones.
+        assert!(f.iter().all(|b| b.iter().any(|&w| w > 0.0)));
+        let peak = |b: &Vec<f32>| b.iter().cloned().fold(0f32, f32::max);
+        assert!(peak(&f[0]) > peak(&f[79]));
+    }
+
+    #[test]
+    fn a_tone_lights_its_band_and_silence_is_flat() {
+        let mel = Mel::new();
+        let tone: Vec<f32> = (0..SAMPLE_RATE)
+            .map(|i| (2.0 * std::f32::consts::PI * 440.0 * i as f32 / SAMPLE_RATE as f32).sin() * 0.5)
+            .collect();
+        let m = mel.compute(&tone);
+        assert_eq!(m.len(), N_MELS * N_FRAMES);
+        // Frame 50 (0.5 s): the band holding 440 Hz is the loudest.
+        let col: Vec<f32> = (0..N_MELS).map(|b| m[b * N_FRAMES + 50]).collect();
+        let best = col.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        let hz = mel_to_hz(hz_to_mel(0.0) + (hz_to_mel(8000.0) - hz_to_mel(0.0)) * (best + 1) as f64 / 81.0);
+        assert!((300.0..600.0).contains(&hz), "band {best} centred at {hz} Hz");
+        assert!(m.iter().all(|v| (-1.5..=1.5).contains(v)));
+    }
+}

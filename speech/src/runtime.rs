@@ -1,0 +1,131 @@
+//! ONNX Runtime for the speech models: one environment per process, loaded at run time from
+//! the onnxruntime wheel's library (`ORT_DYLIB_PATH`, else `$KAZEIA_MODELS/onnxruntime/`), and
+//! a session per model with its execution provider chosen by `backend`.
+//!
+//! `htp` asks for QNN with the HTP backend; `auto` tries it and falls back to the CPU; `cpu` is
+//! plain CPU. ORT builds without QNN (the wheel here) refuse the provider: the fallback is
+//! logged once per model and status says where the model really runs and why.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ort::session::Session;
+
+use kazeia_memory_budget::Backend;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpeechError {
+    #[error("ONNX Runtime library not found at {0} (run tools/fetch-models, or set ORT_DYLIB_PATH)")]
+    NoRuntime(PathBuf),
+    #[error("ONNX Runtime at {path}: {message}")]
+    Runtime { path: PathBuf, message: String },
+    #[error("model file {0} is missing")]
+    Missing(PathBuf),
+    #[error("{path}: not a usable ONNX model: {message}")]
+    BadModel { path: PathBuf, message: String },
+    #[error("{path}: backend = \"htp\" but QNN is not available: {message}")]
+    NoQnn { path: PathBuf, message: String },
+    #[error("{0}")]
+    Run(String),
+    #[error("audio: {0}")]
+    Audio(String),
+}
+
+impl SpeechError {
+    /// The protocol's code for this failure.
+    pub fn code(&self) -> kazeia_ipc::ErrorCode {
+        use kazeia_ipc::ErrorCode;
+        match self {
+            SpeechError::Missing(_)
+            | SpeechError::BadModel { .. }
+            | SpeechError::NoRuntime(_)
+            | SpeechError::NoQnn { .. } => ErrorCode::ModelFile,
+            SpeechError::Audio(_) => ErrorCode::BadRequest,
+            _ => ErrorCode::Engine,
+        }
+    }
+}
+
+impl From<ort::Error> for SpeechError {
+    fn from(e: ort::Error) -> Self {
+        SpeechError::Run(e.to_string())
+    }
+}
+
+/// Where a speech model runs, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    pub device: String,
+    pub reason: String,
+}
+
+static ENV: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+
+/// The runtime library this process uses.
+pub fn library_path() -> PathBuf {
+    std::env::var_os("ORT_DYLIB_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| kazeia_memory_budget::model_cache_dir().join("onnxruntime/libonnxruntime.so.1.31.1"))
+}
+
+fn environment() -> Result<&'static ort::environment::Environment, SpeechError> {
+    let path = library_path();
+    let env = ENV.get_or_init(|| {
+        if !path.is_file() {
+            return Err(format!("missing:{}", path.display()));
+        }
+        // `ort::init()` would panic on a missing library; `init_from` returns the error.
+        ort::init_from(&path).map_err(|e| e.to_string())?.with_name("kazeia").build().map_err(|e| e.to_string())
+    });
+    match env {
+        Ok(e) => Ok(e),
+        Err(m) if m.starts_with("missing:") => Err(SpeechError::NoRuntime(path)),
+        Err(m) => Err(SpeechError::Runtime { path, message: m.clone() }),
+    }
+}
+
+/// Open `path` with `threads` intra-op threads on the execution provider `backend` asks for.
+pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session, Placement), SpeechError> {
+    if !path.is_file() {
+        return Err(SpeechError::Missing(path.into()));
+    }
+    let env = environment()?;
+    let bad = |e: String| SpeechError::BadModel { path: path.into(), message: e };
+    // Session-builder errors carry the builder and are not Send + Sync: keep only the message.
+    let builder = || -> Result<ort::session::builder::SessionBuilder, SpeechError> {
+        Session::builder(env)
+            .map_err(|e| bad(e.to_string()))?
+            .with_intra_threads(threads.max(1))
+            .map_err(|e| bad(e.to_string()))?
+            .with_inter_threads(1)
+            .map_err(|e| bad(e.to_string()))
+    };
+    if backend != Backend::Cpu {
+        let qnn = ort::ep::QNN::default()
+            .with_backend_path("libQnnHtp.so")
+            .with_performance_mode(ort::ep::qnn::PerformanceMode::Burst)
+            .build()
+            .error_on_failure();
+        let attempt = builder()?.with_execution_providers([qnn]).map_err(|e| e.to_string());
+        match attempt.and_then(|mut b| b.commit_from_file(path).map_err(|e| e.to_string())) {
+            Ok(s) => {
+                return Ok((
+                    s,
+                    Placement { device: "htp".into(), reason: "QNN execution provider, HTP backend".into() },
+                ))
+            }
+            Err(message) if backend == Backend::Htp => return Err(SpeechError::NoQnn { path: path.into(), message }),
+            Err(message) => {
+                tracing::warn!(model = %path.display(), "QNN (HTP) unavailable, running on the CPU: {message}");
+            }
+        }
+    }
+    let s = builder()?.commit_from_file(path).map_err(|e| bad(e.to_string()))?;
+    let reason = match backend {
+        Backend::Cpu => "backend = \"cpu\"".to_string(),
+        _ => {
+            "backend = \"auto\": this ONNX Runtime has no QNN execution provider (CPU-only build or no NPU)".to_string()
+        }
+    };
+    Ok((s, Placement { device: "cpu".into(), reason }))
+}

@@ -1,0 +1,208 @@
+//! Text to speech, sentence by sentence: the Piper voice (VITS on ONNX Runtime) fed with
+//! espeak-ng's IPA phonemes, and espeak-ng itself for the languages no neural voice in the
+//! registries speaks (French). Both behind [`Voice`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ndarray::{Array1, Array2};
+use ort::session::Session;
+use ort::value::TensorRef;
+
+use crate::runtime::{session, Placement, SpeechError};
+use kazeia_memory_budget::Backend;
+
+/// A voice: text in, mono samples at `sample_rate()` out.
+pub trait Voice: Send {
+    fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError>;
+    fn sample_rate(&self) -> u32;
+    fn name(&self) -> String;
+}
+
+#[derive(serde::Deserialize)]
+struct PiperConfig {
+    audio: PiperAudio,
+    espeak: PiperEspeak,
+    inference: PiperInference,
+    phoneme_id_map: HashMap<String, Vec<i64>>,
+}
+
+#[derive(serde::Deserialize)]
+struct PiperAudio {
+    sample_rate: u32,
+}
+
+#[derive(serde::Deserialize)]
+struct PiperEspeak {
+    voice: String,
+}
+
+#[derive(serde::Deserialize)]
+struct PiperInference {
+    noise_scale: f32,
+    length_scale: f32,
+    noise_w: f32,
+}
+
+/// Run espeak-ng on `text`. The text goes through stdin, never the command line: a reply or a
+/// client's text starting with `-` would otherwise be read as an option.
+fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let run = |e: std::io::Error| SpeechError::Run(format!("espeak-ng: {e} (Debian: apt install espeak-ng)"));
+    let mut child = Command::new("espeak-ng")
+        .args(args)
+        .arg("--stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(run)?;
+    // Written from another thread: espeak-ng may fill its stdout before it has read all of stdin.
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let input = text.replace('\0', " ");
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().map_err(run)?;
+    let _ = writer.join();
+    if !out.status.success() {
+        return Err(SpeechError::Run(format!("espeak-ng: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(out)
+}
+
+/// IPA phonemes of `text` as Piper was trained on them: one clause at a time, the clause's
+/// punctuation kept (espeak-ng drops it, the voice uses it for prosody).
+pub fn phonemize(text: &str, voice: &str) -> Result<String, SpeechError> {
+    let mut out = String::new();
+    let mut clause = String::new();
+    let flush = |clause: &mut String, punct: Option<char>, out: &mut String| -> Result<(), SpeechError> {
+        let c = clause.trim();
+        if !c.is_empty() {
+            let o = espeak(&["-q", "--ipa", "-v", voice], c)?;
+            let ipa = String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&ipa);
+        }
+        if let Some(p) = punct {
+            out.push(p);
+        }
+        clause.clear();
+        Ok(())
+    };
+    for ch in text.chars() {
+        if ",.;:!?".contains(ch) {
+            flush(&mut clause, Some(ch), &mut out)?;
+        } else {
+            clause.push(ch);
+        }
+    }
+    flush(&mut clause, None, &mut out)?;
+    Ok(out)
+}
+
+pub struct Piper {
+    session: Session,
+    config: PiperConfig,
+    path: PathBuf,
+    pub placement: Placement,
+}
+
+impl Piper {
+    /// `path` is the .onnx; its `.onnx.json` sits beside it.
+    pub fn load(path: &Path, threads: usize, backend: Backend) -> Result<Piper, SpeechError> {
+        let json = PathBuf::from(format!("{}.json", path.display()));
+        let text = std::fs::read_to_string(&json).map_err(|_| SpeechError::Missing(json.clone()))?;
+        let config: PiperConfig =
+            serde_json::from_str(&text).map_err(|e| SpeechError::BadModel { path: json, message: e.to_string() })?;
+        let (session, placement) = session(path, threads, backend)?;
+        Ok(Piper { session, config, path: path.into(), placement })
+    }
+
+    /// Phoneme ids: `^ _ p1 _ p2 _ … $` (BOS, pad after each symbol, EOS), unknown symbols
+    /// skipped.
+    pub fn ids(&self, phonemes: &str) -> Vec<i64> {
+        let map = &self.config.phoneme_id_map;
+        let id = |s: &str| map.get(s).and_then(|v| v.first()).copied();
+        let pad = id("_").unwrap_or(0);
+        let mut ids = vec![id("^").unwrap_or(1), pad];
+        let mut buf = [0u8; 4];
+        for ch in phonemes.chars() {
+            if let Some(i) = id(ch.encode_utf8(&mut buf)) {
+                ids.push(i);
+                ids.push(pad);
+            }
+        }
+        ids.push(id("$").unwrap_or(2));
+        ids
+    }
+}
+
+impl Voice for Piper {
+    fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError> {
+        let ids = self.ids(&phonemize(text, &self.config.espeak.voice)?);
+        if ids.len() <= 3 {
+            return Ok(Vec::new());
+        }
+        let input = Array2::from_shape_vec((1, ids.len()), ids.clone()).map_err(|e| SpeechError::Run(e.to_string()))?;
+        let lengths = Array1::from_elem(1, ids.len() as i64);
+        let inf = &self.config.inference;
+        let scales = Array1::from_vec(vec![inf.noise_scale, inf.length_scale, inf.noise_w]);
+        let out = self.session.run(ort::inputs![
+            "input" => TensorRef::from_array_view(&input)?,
+            "input_lengths" => TensorRef::from_array_view(&lengths)?,
+            "scales" => TensorRef::from_array_view(&scales)?,
+        ])?;
+        Ok(out["output"].try_extract_array::<f32>()?.iter().copied().collect())
+    }
+
+    fn sample_rate(&self) -> u32 {
+        self.config.audio.sample_rate
+    }
+
+    fn name(&self) -> String {
+        format!("piper {}", self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+    }
+}
+
+/// espeak-ng's own formant voice (`-v fr`): the French voice, since no neural French voice
+/// ships in the package registries. Robotic but intelligible; same interface.
+pub struct Espeak {
+    pub voice: String,
+}
+
+impl Voice for Espeak {
+    fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError> {
+        let out = espeak(&["--stdout", "-v", &self.voice], text)?;
+        // A streamed WAV: its header says "unknown length", which WAV readers refuse. The
+        // samples (s16le, mono, 22,050 Hz) follow the `data` chunk header.
+        let wav = &out.stdout;
+        let data = wav
+            .windows(4)
+            .position(|w| w == b"data")
+            .filter(|_| wav.starts_with(b"RIFF"))
+            .ok_or_else(|| SpeechError::Run("espeak-ng gave no WAV".into()))?;
+        Ok(crate::audio::from_s16le(&wav[data + 8..]))
+    }
+
+    fn sample_rate(&self) -> u32 {
+        22_050
+    }
+
+    fn name(&self) -> String {
+        format!("espeak-ng {}", self.voice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Text that looks like options is spoken, not obeyed.
+    #[test]
+    fn text_is_never_an_option() {
+        let ipa = super::phonemize("-v --help me", "en-us").unwrap();
+        assert!(ipa.contains('h'), "{ipa:?}");
+        assert!(super::phonemize("", "en-us").unwrap().is_empty());
+    }
+}

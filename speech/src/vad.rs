@@ -1,0 +1,176 @@
+//! Silero VAD over 16 kHz mono, streaming: 512-sample chunks (32 ms) with the previous 64
+//! samples as context and a [2, 1, 128] recurrent state carried between calls. An utterance
+//! starts when the speech probability crosses `threshold` and ends after `min_silence` of
+//! probability below `threshold - 0.15` (hysteresis, as Silero's own iterator does).
+
+use std::path::Path;
+use std::time::Duration;
+
+use ndarray::{Array0, Array2, Array3};
+use ort::session::Session;
+use ort::value::TensorRef;
+
+use crate::runtime::{session, Placement, SpeechError};
+use kazeia_memory_budget::Backend;
+
+pub const CHUNK: usize = 512;
+const CONTEXT: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+pub struct VadParams {
+    pub threshold: f32,
+    /// Silence that ends an utterance.
+    pub min_silence: Duration,
+    /// Speech shorter than this is a click, not an utterance.
+    pub min_speech: Duration,
+    /// Kept around each utterance (Whisper wants the word onsets whole).
+    pub pad: Duration,
+}
+
+impl Default for VadParams {
+    fn default() -> Self {
+        VadParams {
+            threshold: 0.5,
+            min_silence: Duration::from_millis(500),
+            min_speech: Duration::from_millis(250),
+            pad: Duration::from_millis(100),
+        }
+    }
+}
+
+/// An utterance, in samples from the start of the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Segment {
+    pub start: usize,
+    pub end: usize,
+}
+
+/// What a chunk changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VadEvent {
+    /// Speech began at this sample (barge-in: a reply being spoken must stop).
+    SpeechStart(usize),
+    /// The utterance ended (end of turn).
+    SpeechEnd(Segment),
+}
+
+pub struct Vad {
+    session: Session,
+    state: Array3<f32>,
+    context: [f32; CONTEXT],
+    params: VadParams,
+    /// Samples seen.
+    pos: usize,
+    speech_start: Option<usize>,
+    silence_since: Option<usize>,
+    pub placement: Placement,
+}
+
+const SR: usize = 16_000;
+
+fn samples(d: Duration) -> usize {
+    (d.as_secs_f64() * SR as f64) as usize
+}
+
+impl Vad {
+    pub fn load(path: &Path, backend: Backend, params: VadParams) -> Result<Vad, SpeechError> {
+        // One thread: a 32 ms chunk takes ~0.2 ms; more threads only cost wake-ups.
+        let (session, placement) = session(path, 1, backend)?;
+        Ok(Vad {
+            session,
+            state: Array3::zeros((2, 1, 128)),
+            context: [0.0; CONTEXT],
+            params,
+            pos: 0,
+            speech_start: None,
+            silence_since: None,
+            placement,
+        })
+    }
+
+    pub fn reset(&mut self) {
+        self.state.fill(0.0);
+        self.context = [0.0; CONTEXT];
+        self.pos = 0;
+        self.speech_start = None;
+        self.silence_since = None;
+    }
+
+    /// Speech probability of one 512-sample chunk.
+    pub fn probability(&mut self, chunk: &[f32]) -> Result<f32, SpeechError> {
+        assert_eq!(chunk.len(), CHUNK, "the VAD takes 512-sample chunks");
+        let mut input = Array2::zeros((1, CONTEXT + CHUNK));
+        for (i, v) in self.context.iter().chain(chunk).enumerate() {
+            input[[0, i]] = *v;
+        }
+        self.context.copy_from_slice(&chunk[CHUNK - CONTEXT..]);
+        let sr = Array0::from_elem((), SR as i64);
+        let out = self.session.run(ort::inputs![
+            "input" => TensorRef::from_array_view(&input)?,
+            "state" => TensorRef::from_array_view(&self.state)?,
+            "sr" => TensorRef::from_array_view(&sr)?,
+        ])?;
+        let p = out["output"].try_extract_array::<f32>()?.iter().next().copied().unwrap_or(0.0);
+        let s = out["stateN"].try_extract_array::<f32>()?;
+        self.state = s.to_owned().into_shape_with_order((2, 1, 128)).map_err(|e| SpeechError::Run(e.to_string()))?;
+        Ok(p)
+    }
+
+    /// Feed one chunk; what it changed.
+    pub fn push(&mut self, chunk: &[f32]) -> Result<Option<VadEvent>, SpeechError> {
+        let p = self.probability(chunk)?;
+        let at = self.pos;
+        self.pos += CHUNK;
+        let on = p >= self.params.threshold;
+        let off = p < self.params.threshold - 0.15;
+        match self.speech_start {
+            None if on => {
+                self.speech_start = Some(at);
+                self.silence_since = None;
+                Ok(Some(VadEvent::SpeechStart(at)))
+            }
+            None => Ok(None),
+            Some(start) => {
+                if on {
+                    self.silence_since = None;
+                } else if off && self.silence_since.is_none() {
+                    self.silence_since = Some(at);
+                }
+                match self.silence_since {
+                    Some(since) if self.pos - since >= samples(self.params.min_silence) => {
+                        self.speech_start = None;
+                        self.silence_since = None;
+                        if since - start < samples(self.params.min_speech) {
+                            return Ok(None);
+                        }
+                        let pad = samples(self.params.pad);
+                        Ok(Some(VadEvent::SpeechEnd(Segment { start: start.saturating_sub(pad), end: since + pad })))
+                    }
+                    _ => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Utterances of a whole recording (an utterance still open at the end closes there).
+    pub fn segments(&mut self, audio: &[f32]) -> Result<Vec<Segment>, SpeechError> {
+        self.reset();
+        let mut out = Vec::new();
+        for chunk in audio.chunks_exact(CHUNK) {
+            if let Some(VadEvent::SpeechEnd(s)) = self.push(chunk)? {
+                out.push(Segment { start: s.start, end: s.end.min(audio.len()) });
+            }
+        }
+        if let Some(start) = self.speech_start {
+            let end = self.silence_since.unwrap_or(audio.len());
+            if end - start >= samples(self.params.min_speech) {
+                out.push(Segment {
+                    start: start.saturating_sub(samples(self.params.pad)),
+                    end: (end + samples(self.params.pad)).min(audio.len()),
+                });
+            }
+        }
+        self.reset();
+        Ok(out)
+    }
+}

@@ -1,0 +1,218 @@
+//! Whisper speech-to-text on ONNX Runtime: the encoder once per 30 s window, then greedy
+//! decoding one token per call with the self-attention KV cache carried between calls (the
+//! graphs come from tools/whisper-to-onnx). Language forced or detected from the first
+//! decoder step; timestamps off; audio longer than 30 s is cut at pauses the VAD finds.
+
+use std::path::Path;
+
+use ndarray::{Array1, Array2, Array3, ArrayD, IxDyn};
+use ort::session::Session;
+use ort::value::TensorRef;
+
+use crate::mel::{Mel, N_FRAMES, N_MELS};
+use crate::runtime::{session, Placement, SpeechError};
+use kazeia_memory_budget::Backend;
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Meta {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub decoder_layers: usize,
+    pub vocab_size: usize,
+    pub max_positions: usize,
+    pub suppress_ids: Vec<u32>,
+    pub suppress_ids_begin: Vec<u32>,
+    pub lang_ids: Vec<u32>,
+    pub languages: Vec<String>,
+}
+
+const EOT: u32 = 50257;
+const SOT: u32 = 50258;
+const TRANSCRIBE: u32 = 50359;
+const NO_TIMESTAMPS: u32 = 50363;
+/// Ids from here up are special (tasks, timestamps): never part of a transcript.
+const FIRST_SPECIAL: u32 = 50358;
+/// Most tokens decoded per 30 s window (Whisper's own limit is 448 positions).
+const MAX_TOKENS: usize = 220;
+
+pub struct Whisper {
+    encoder: Session,
+    decoder: Session,
+    pub meta: Meta,
+    vocab: Vec<Vec<u8>>,
+    mel: Mel,
+    pub placement: Placement,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Transcript {
+    pub text: String,
+    pub language: String,
+    pub tokens: usize,
+    pub encoder_ms: f64,
+    pub decoder_ms: f64,
+}
+
+/// GPT-2's byte-level alphabet: the printable stand-in character of every byte, reversed.
+fn byte_decoder() -> std::collections::HashMap<char, u8> {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    bs.into_iter().zip(cs).map(|(b, c)| (char::from_u32(c).expect("valid"), b as u8)).collect()
+}
+
+impl Whisper {
+    /// Load `dir` (encoder.onnx, decoder.onnx, whisper.json, vocabulary.txt).
+    pub fn load(dir: &Path, threads: usize, backend: Backend) -> Result<Whisper, SpeechError> {
+        let meta_path = dir.join("whisper.json");
+        let meta: Meta = serde_json::from_str(
+            &std::fs::read_to_string(&meta_path).map_err(|_| SpeechError::Missing(meta_path.clone()))?,
+        )
+        .map_err(|e| SpeechError::BadModel { path: meta_path.clone(), message: e.to_string() })?;
+        let vocab_path = dir.join("vocabulary.txt");
+        let text = std::fs::read_to_string(&vocab_path).map_err(|_| SpeechError::Missing(vocab_path.clone()))?;
+        let bytes = byte_decoder();
+        let vocab: Vec<Vec<u8>> =
+            text.lines().map(|t| t.chars().map(|c| bytes.get(&c).copied().unwrap_or(b'?')).collect()).collect();
+        if vocab.len() != meta.vocab_size {
+            return Err(SpeechError::BadModel {
+                path: vocab_path,
+                message: format!("{} tokens, the model has {}", vocab.len(), meta.vocab_size),
+            });
+        }
+        let (encoder, placement) = session(&dir.join("encoder.onnx"), threads, backend)?;
+        let (decoder, _) = session(&dir.join("decoder.onnx"), threads, backend)?;
+        Ok(Whisper { encoder, decoder, meta, vocab, mel: Mel::new(), placement })
+    }
+
+    fn encode(&mut self, samples: &[f32]) -> Result<Vec<ArrayD<f32>>, SpeechError> {
+        let mel = Array3::from_shape_vec((1, N_MELS, N_FRAMES), self.mel.compute(samples))
+            .map_err(|e| SpeechError::Run(e.to_string()))?;
+        let out = self.encoder.run(ort::inputs!["mel" => TensorRef::from_array_view(&mel)?])?;
+        let mut cross = Vec::with_capacity(2 * self.meta.decoder_layers);
+        for i in 0..self.meta.decoder_layers {
+            for kv in ["k", "v"] {
+                cross.push(out[format!("cross_{kv}_{i}").as_str()].try_extract_array::<f32>()?.to_owned());
+            }
+        }
+        Ok(cross)
+    }
+
+    /// One decoder step: the logits of `token` at `position`, the cache grown by one.
+    fn step(
+        &mut self,
+        token: u32,
+        position: usize,
+        past: &mut Vec<ArrayD<f32>>,
+        cross: &[ArrayD<f32>],
+    ) -> Result<Vec<f32>, SpeechError> {
+        let tok = Array2::from_elem((1, 1), i64::from(token));
+        let pos = Array1::from_elem(1, position as i64);
+        let mut inputs =
+            ort::inputs!["token" => TensorRef::from_array_view(&tok)?, "position" => TensorRef::from_array_view(&pos)?];
+        for i in 0..self.meta.decoder_layers {
+            inputs.push((format!("past_k_{i}").into(), TensorRef::from_array_view(&past[2 * i])?.into()));
+            inputs.push((format!("past_v_{i}").into(), TensorRef::from_array_view(&past[2 * i + 1])?.into()));
+            inputs.push((format!("cross_k_{i}").into(), TensorRef::from_array_view(&cross[2 * i])?.into()));
+            inputs.push((format!("cross_v_{i}").into(), TensorRef::from_array_view(&cross[2 * i + 1])?.into()));
+        }
+        let out = self.decoder.run(inputs)?;
+        let logits = out["logits"].try_extract_array::<f32>()?.iter().copied().collect();
+        let mut next = Vec::with_capacity(past.len());
+        for i in 0..self.meta.decoder_layers {
+            next.push(out[format!("present_k_{i}").as_str()].try_extract_array::<f32>()?.to_owned());
+            next.push(out[format!("present_v_{i}").as_str()].try_extract_array::<f32>()?.to_owned());
+        }
+        *past = next;
+        Ok(logits)
+    }
+
+    fn empty_cache(&self) -> Vec<ArrayD<f32>> {
+        let shape = IxDyn(&[1, self.meta.heads, 0, self.meta.head_dim]);
+        (0..2 * self.meta.decoder_layers).map(|_| ArrayD::zeros(shape.clone())).collect()
+    }
+
+    /// Transcribe up to 30 s of 16 kHz mono audio. `language`: a Whisper code (`fr`, `en`, …)
+    /// or None to detect it among `candidates` (all of Whisper's when empty: a French-first app
+    /// says `["fr", "en"]`, so that robotic or accented French is not heard as Thai).
+    /// `cancel` is checked between tokens.
+    pub fn transcribe_window(
+        &mut self,
+        samples: &[f32],
+        language: Option<&str>,
+        candidates: &[String],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Transcript, SpeechError> {
+        let t0 = std::time::Instant::now();
+        let cross = self.encode(samples)?;
+        let encoder_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = std::time::Instant::now();
+        let mut past = self.empty_cache();
+        // <|startoftranscript|>: its logits over the language tokens detect the language.
+        let logits = self.step(SOT, 0, &mut past, &cross)?;
+        let lang_idx = match language {
+            Some(code) => self
+                .meta
+                .languages
+                .iter()
+                .position(|l| l == code)
+                .ok_or_else(|| SpeechError::Audio(format!("unknown language {code:?}")))?,
+            None => (0..self.meta.lang_ids.len())
+                .filter(|&i| candidates.is_empty() || candidates.contains(&self.meta.languages[i]))
+                .max_by(|&a, &b| {
+                    logits[self.meta.lang_ids[a] as usize].total_cmp(&logits[self.meta.lang_ids[b] as usize])
+                })
+                .unwrap_or(0),
+        };
+        let prompt = [self.meta.lang_ids[lang_idx], TRANSCRIBE, NO_TIMESTAMPS];
+        let mut logits = Vec::new();
+        for (i, &t) in prompt.iter().enumerate() {
+            logits = self.step(t, i + 1, &mut past, &cross)?;
+        }
+        let mut out: Vec<u32> = Vec::new();
+        let mut position = prompt.len() + 1;
+        while out.len() < MAX_TOKENS && position < self.meta.max_positions && !cancel() {
+            for &s in &self.meta.suppress_ids {
+                logits[s as usize] = f32::NEG_INFINITY;
+            }
+            if out.is_empty() {
+                for &s in &self.meta.suppress_ids_begin {
+                    logits[s as usize] = f32::NEG_INFINITY;
+                }
+            }
+            for l in logits.iter_mut().skip(FIRST_SPECIAL as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+            let tok = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(EOT as usize) as u32;
+            if tok == EOT {
+                break;
+            }
+            out.push(tok);
+            // A loop that repeats the same 4 tokens 4 times is a hallucination: stop.
+            if out.len() >= 16
+                && out[out.len() - 16..out.len() - 12].iter().eq(out[out.len() - 4..].iter())
+                && out[out.len() - 12..out.len() - 8].iter().eq(out[out.len() - 4..].iter())
+            {
+                break;
+            }
+            logits = self.step(tok, position, &mut past, &cross)?;
+            position += 1;
+        }
+        let bytes: Vec<u8> =
+            out.iter().filter(|&&t| t < EOT).flat_map(|&t| self.vocab[t as usize].iter().copied()).collect();
+        Ok(Transcript {
+            text: String::from_utf8_lossy(&bytes).trim().to_string(),
+            language: self.meta.languages[lang_idx].clone(),
+            tokens: out.len(),
+            encoder_ms,
+            decoder_ms: t1.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}

@@ -1,0 +1,323 @@
+//! The shared llama.cpp engine on real models: answers, cancellation, bad files.
+
+use std::io::Write;
+use std::time::Instant;
+
+use kazeia_engine::{Engine, LoadError};
+use kazeia_ipc::{ErrorCode, Event, StopReason};
+use kazeia_pipelines::{
+    run_turn, ChatMessage, Engines, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, Registry, TurnInput,
+};
+use kazeia_tests::{config, model_toml, smollm2};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+fn load(engine: &Engine, toml: &str, role: &str) -> Result<(), LoadError> {
+    let c = config(toml);
+    let m = c.model(role).unwrap().clone();
+    engine.load(&m.role_params(), c.model_path(&m), Box::new(|_| {})).map(|_| ())
+}
+
+async fn collect(mut rx: mpsc::UnboundedReceiver<GenEvent>) -> (Vec<GenEvent>, GenSummary) {
+    let mut evs = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        if let GenEvent::Finished(r) = ev {
+            return (evs, r.expect("generation succeeds"));
+        }
+        evs.push(ev);
+    }
+    panic!("engine ended without Finished");
+}
+
+fn req(role: &str, text: &str, options: GenerateOptions) -> GenerateRequest {
+    GenerateRequest::new(role, vec![ChatMessage::new("user", text)], options)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn greedy_answer_names_paris() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 1024"), "thinker").unwrap();
+    let pipeline = Registry::builtin().get("chat").unwrap().clone();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let input = TurnInput {
+        text: "What is the capital of France? Answer in one short sentence.".into(),
+        options: GenerateOptions { temperature: Some(0.0), ..Default::default() },
+        ..Default::default()
+    };
+    run_turn(
+        &pipeline,
+        input,
+        Engines { llm: &engine, policy: &kazeia_pipelines::GuardPolicy::default(), sessions: None },
+        CancellationToken::new(),
+        tx,
+    )
+    .await;
+    let mut reply = String::new();
+    let mut done = None;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { text, .. } => reply.push_str(&text),
+            Event::Done { stop, metrics, .. } => done = Some((stop, metrics)),
+            Event::Error { message, .. } => panic!("{message}"),
+            other => panic!("the chat pipeline sent {other:?}"),
+        }
+    }
+    let (stop, m) = done.expect("done event");
+    assert!(reply.contains("Paris"), "reply: {reply:?}");
+    assert_eq!(stop, StopReason::Eos);
+    assert!(m.prompt_tokens > 10 && m.generated_tokens > 2 && m.decode_tok_s > 0.0 && m.prefill_tok_s > 0.0, "{m:?}");
+    assert!(m.ttft_ms > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_during_prefill_lands_within_one_chunk() {
+    let engine = Engine::new();
+    // Small chunks so that a long prompt takes many of them.
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 4096\nprefill_chunk = 32"), "thinker").unwrap();
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(300);
+    let cancel = CancellationToken::new();
+    let mut rx = engine.generate(req("thinker", &long, GenerateOptions::default()), cancel.clone()).unwrap();
+    let (first_done, total) = match rx.recv().await.unwrap() {
+        GenEvent::Prefill { done, total, .. } => (done, total),
+        other => panic!("expected prefill progress, got {other:?}"),
+    };
+    assert!(total > 2000, "prompt of {total} tokens is not long enough for this test");
+    let t_cancel = Instant::now();
+    cancel.cancel();
+    let mut after_cancel = 0;
+    let mut last_done = first_done;
+    let summary = loop {
+        match rx.recv().await.unwrap() {
+            GenEvent::Prefill { done, at, .. } => {
+                last_done = done;
+                if at > t_cancel {
+                    after_cancel += 1;
+                }
+            }
+            GenEvent::Token { .. } => panic!("no token may come after a cancel during prefill"),
+            GenEvent::Finished(r) => break r.unwrap(),
+        }
+    };
+    assert_eq!(summary.stop, StopReason::Cancelled);
+    assert!(after_cancel <= 1, "{after_cancel} chunks finished after the cancel");
+    assert_eq!(summary.prefilled_tokens, last_done);
+    assert!(summary.prefilled_tokens < total, "prefill ran to the end ({total})");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_during_generation_lands_within_one_token() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 1024"), "thinker").unwrap();
+    let cancel = CancellationToken::new();
+    let opts =
+        GenerateOptions { max_tokens: Some(400), ignore_eos: true, temperature: Some(0.8), ..Default::default() };
+    let mut rx =
+        engine.generate(req("thinker", "Tell me a very long story about a dragon.", opts), cancel.clone()).unwrap();
+    let mut tokens = 0;
+    let mut t_cancel = None;
+    let mut after_cancel = 0;
+    let summary = loop {
+        match rx.recv().await.unwrap() {
+            GenEvent::Prefill { .. } => {}
+            GenEvent::Token { at, .. } => {
+                tokens += 1;
+                match t_cancel {
+                    Some(t) if at > t => after_cancel += 1,
+                    Some(_) => {}
+                    None if tokens == 5 => {
+                        t_cancel = Some(Instant::now());
+                        cancel.cancel();
+                    }
+                    None => {}
+                }
+            }
+            GenEvent::Finished(r) => break r.unwrap(),
+        }
+    };
+    assert_eq!(summary.stop, StopReason::Cancelled);
+    assert!(after_cancel <= 1, "{after_cancel} tokens were produced after the cancel");
+    assert!(summary.metrics.generated_tokens < 50, "{:?}", summary.metrics);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropped_listener_stops_generation() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 1024"), "thinker").unwrap();
+    let opts = GenerateOptions { max_tokens: Some(400), ignore_eos: true, ..Default::default() };
+    let mut rx = engine.generate(req("thinker", "Count to one thousand.", opts), CancellationToken::new()).unwrap();
+    while !matches!(rx.recv().await.unwrap(), GenEvent::Token { .. }) {}
+    drop(rx);
+    // The job sees at its next token that nobody listens and stops: the role goes idle having
+    // generated far fewer than the 400 tokens it was asked for (EOS is ignored, so only the
+    // stop can end it early). Counted by the engine, not timed.
+    idle(&engine, "thinker").await;
+    let abandoned = engine.generated_tokens("thinker").unwrap();
+    assert!(abandoned < 400, "the abandoned request generated {abandoned} tokens");
+    // The role serves the next request.
+    let rx = engine
+        .generate(
+            req("thinker", "Say hi.", GenerateOptions { max_tokens: Some(4), ..Default::default() }),
+            CancellationToken::new(),
+        )
+        .unwrap();
+    let (_, s) = collect(rx).await;
+    assert!(s.metrics.generated_tokens <= 4);
+    // The role counts a job's tokens once the job is over, just after its last event.
+    idle(&engine, "thinker").await;
+    assert_eq!(engine.generated_tokens("thinker").unwrap(), abandoned + u64::from(s.metrics.generated_tokens));
+}
+
+/// Wait until `role` has no request queued or running.
+async fn idle(engine: &Engine, role: &str) {
+    let t = Instant::now();
+    while engine.pending(role) != Some(0) {
+        assert!(t.elapsed() < kazeia_tests::HANG, "{role} never went idle");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn bad_model_files_are_named_and_the_engine_stays_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.gguf");
+    let truncated = dir.path().join("truncated.gguf");
+    let foreign = dir.path().join("foreign.gguf");
+    let good = std::fs::read(smollm2()).unwrap();
+    std::fs::File::create(&truncated).unwrap().write_all(&good[..good.len() / 2]).unwrap();
+    std::fs::write(&foreign, b"{\"this\": \"is json, not a model\"}").unwrap();
+
+    let engine = Engine::new();
+    for (path, what) in [(&missing, "does not exist"), (&truncated, "truncated"), (&foreign, "not a GGUF")] {
+        let err = load(&engine, &model_toml("bad", path, ""), "bad").unwrap_err();
+        let msg = err.to_string();
+        assert_eq!(err.code(), ErrorCode::ModelFile, "{msg}");
+        assert!(msg.contains(&path.display().to_string()) && msg.contains(what), "{msg}");
+    }
+    assert!(engine.loaded_roles().is_empty());
+
+    // The same engine still loads and runs a good model.
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 512"), "thinker").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (_, s) = rt.block_on(async {
+        let rx = engine
+            .generate(
+                req("thinker", "Hi", GenerateOptions { max_tokens: Some(3), ..Default::default() }),
+                CancellationToken::new(),
+            )
+            .unwrap();
+        collect(rx).await
+    });
+    assert!(s.metrics.generated_tokens >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_role_and_context_overflow_are_clear_errors() {
+    let engine = Engine::new();
+    let e = engine.generate(req("ghost", "hi", GenerateOptions::default()), CancellationToken::new()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NoModel);
+    assert!(e.message.contains("ghost"));
+
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 256"), "thinker").unwrap();
+    let rx = engine
+        .generate(req("thinker", &"word ".repeat(1000), GenerateOptions::default()), CancellationToken::new())
+        .unwrap();
+    let mut rx = rx;
+    let err = loop {
+        if let GenEvent::Finished(r) = rx.recv().await.unwrap() {
+            break r.unwrap_err();
+        }
+    };
+    assert_eq!(err.code, ErrorCode::ContextOverflow, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn classify_is_one_pass_cached_and_constrained() {
+    use kazeia_pipelines::ClassifyRequest;
+    let engine = Engine::new();
+    load(&engine, &model_toml("guard", &smollm2(), "n_ctx = 2048\ncache_slots = 2"), "guard").unwrap();
+    let ask = |text: &str, labels: &[&str], slot: u32| ClassifyRequest {
+        role: "guard".into(),
+        messages: vec![ChatMessage::new("user", format!("Answer with one word. {text}"))],
+        answer_prefix: "Answer:".into(),
+        labels: labels.iter().map(|s| s.to_string()).collect(),
+        reuse_cache: true,
+        slot,
+    };
+    let run = |req: ClassifyRequest| {
+        let rx = engine.classify(req, CancellationToken::new()).unwrap();
+        async move { rx.await.unwrap().unwrap() }
+    };
+    // Labels with distinct first tokens: one pass, probabilities over the labels.
+    let a = run(ask("What is the capital of France?", &[" Paris", " London", " Berlin"], 0)).await;
+    assert_eq!(a.label, " Paris", "{a:?}");
+    let total: f32 = a.scores.iter().map(|(_, p)| p).sum();
+    assert!((total - 1.0).abs() < 1e-3, "{a:?}");
+    assert_eq!(a.prefilled_tokens, a.prompt_tokens, "a cold context prefills everything");
+    // The same instructions again: only the changed tail is prefilled.
+    let b = run(ask("What is the capital of Germany?", &[" Paris", " London", " Berlin"], 0)).await;
+    assert!(b.prefilled_tokens < b.prompt_tokens / 2, "{b:?}");
+    // Another slot keeps its own cache and does not disturb slot 0.
+    let _ = run(ask("Is water wet?", &[" Yes", " No"], 1)).await;
+    let c = run(ask("What is the capital of Spain?", &[" Paris", " London", " Madrid"], 0)).await;
+    assert!(c.prefilled_tokens < c.prompt_tokens / 2, "{c:?}");
+    // Labels sharing their first token(s) are told apart by constrained decoding: the shared
+    // token is decoded, then what follows is compared.
+    let vocab_probe = run(ask("Is it safe to eat raw chicken?", &[" Unsafe", " Unsure"], 0)).await;
+    assert!([" Unsafe", " Unsure"].contains(&vocab_probe.label.as_str()));
+    let cold = vocab_probe.prefilled_tokens;
+    assert!(cold >= 1, "{vocab_probe:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gemma3_base_model_loads_and_generates() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("other", &kazeia_tests::gemma3(), "n_ctx = 512\nn_ubatch = 128"), "other").unwrap();
+    let info = engine.info("other").unwrap();
+    assert_eq!(info.architecture, "gemma3");
+    // No chat template in this base model: the text is the prompt.
+    let rx = engine
+        .generate(
+            req("other", "The capital of France is", GenerateOptions { max_tokens: Some(8), ..Default::default() }),
+            CancellationToken::new(),
+        )
+        .unwrap();
+    let (_, s) = collect(rx).await;
+    assert!(s.metrics.generated_tokens >= 1 && s.metrics.prompt_tokens >= 4, "{s:?}");
+}
+
+/// The target architecture (Qwen3.5: Gated DeltaNet + full attention) through our engine, on the
+/// tiny random-weight model. Its recurrent state cannot be rewound to an arbitrary position, so
+/// a second prompt that shares only part of the first must still come out right: greedy
+/// generation of the same prompt gives the same tokens whatever was cached before.
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen35_tiny_loads_and_generates_with_prefix_reuse() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("thinker", &kazeia_tests::qwen35_tiny(), "n_ctx = 1024\nn_ubatch = 128"), "thinker")
+        .unwrap();
+    let info = engine.info("thinker").unwrap();
+    assert_eq!(info.architecture, "qwen35");
+    let greedy = || GenerateOptions { max_tokens: Some(12), temperature: Some(0.0), ..Default::default() };
+    let text = |rx| async move {
+        let (evs, s) = collect(rx).await;
+        let t: String = evs
+            .iter()
+            .filter_map(|e| if let GenEvent::Token { text, .. } = e { Some(text.clone()) } else { None })
+            .collect();
+        (t, s)
+    };
+    let a = engine
+        .generate(req("thinker", "Tell me about the sea and the wind.", greedy()), CancellationToken::new())
+        .unwrap();
+    let (first, s1) = text(a).await;
+    assert!(s1.metrics.generated_tokens >= 1 && s1.metrics.prompt_tokens > 8, "{s1:?}");
+    // Shares the chat template's head and the first words, then differs.
+    let b =
+        engine.generate(req("thinker", "Tell me about the mountains.", greedy()), CancellationToken::new()).unwrap();
+    let (_, s2) = text(b).await;
+    assert!(s2.metrics.generated_tokens >= 1, "{s2:?}");
+    let c = engine
+        .generate(req("thinker", "Tell me about the sea and the wind.", greedy()), CancellationToken::new())
+        .unwrap();
+    let (again, _) = text(c).await;
+    assert_eq!(first, again, "same prompt, greedy: same output whatever the cache held");
+}

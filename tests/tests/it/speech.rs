@@ -1,0 +1,248 @@
+//! Speech on real models through ONNX Runtime, on speech the tests make: English spoken by the
+//! Piper voice, French spoken by espeak-ng. Whisper base through our ONNX graphs and decoder;
+//! for French the reference implementation (faster-whisper, same weights) runs on the same
+//! clips and sets the bar.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kazeia_daemon::config::Config;
+use kazeia_daemon::speech::{audio, voice_for, SpeechError, Voice};
+use kazeia_tests::{config, word_errors};
+
+/// Speech tests share the two cores: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn cfg() -> Config {
+    config("")
+}
+
+const ENGLISH: &[&str] = &[
+    "The weather is nice today and we will go to the park.",
+    "Please send me the report before Friday afternoon.",
+    "I would like a cup of coffee with a little milk.",
+    "The train to the city leaves in ten minutes.",
+    "She opened the window because the room was too warm.",
+];
+
+const FRENCH: &[&str] = &[
+    "Bonjour, je voudrais réserver une table pour deux personnes.",
+    "Il fait très beau aujourd'hui à Paris.",
+    "Le chat dort sur le canapé depuis ce matin.",
+    "Nous allons au marché acheter des légumes.",
+    "Pouvez-vous m'aider à trouver la gare ?",
+];
+
+/// `text` spoken by `voice`, at 16 kHz mono.
+fn speak(voice: &mut dyn Voice, text: &str) -> Vec<f32> {
+    let s = voice.synthesize(text).unwrap_or_else(|e| panic!("{}: {e}", voice.name()));
+    audio::resample(&s, voice.sample_rate(), 16_000)
+}
+
+fn silence(seconds: f32) -> Vec<f32> {
+    vec![0.0; (seconds * 16_000.0) as usize]
+}
+
+#[test]
+fn english_from_the_piper_voice_transcribes_within_10_percent_wer() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut voice = voice_for(&c, "en").unwrap();
+    assert!(voice.name().starts_with("piper"), "{}", voice.name());
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let (mut errors, mut words) = (0, 0);
+    for text in ENGLISH {
+        let clip = speak(voice.as_mut(), text);
+        let t = stt.transcribe(&clip, Some("en"), &|| false).unwrap();
+        let (e, n) = word_errors(text, &t.text);
+        eprintln!("{e}/{n}  {text:?} -> {:?}", t.text);
+        errors += e;
+        words += n;
+    }
+    let wer = errors as f64 / words as f64;
+    eprintln!("English (Piper) WER {wer:.3}");
+    assert!(wer <= 0.10, "WER {wer:.3}");
+}
+
+#[test]
+fn language_is_detected_among_the_configured_ones() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let en = speak(voice_for(&c, "en").unwrap().as_mut(), ENGLISH[0]);
+    assert_eq!(stt.transcribe(&en, None, &|| false).unwrap().language, "en");
+    let fr = speak(voice_for(&c, "fr").unwrap().as_mut(), FRENCH[2]);
+    assert_eq!(stt.transcribe(&fr, None, &|| false).unwrap().language, "fr");
+}
+
+#[test]
+fn french_from_espeak_matches_the_reference_implementation() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut voice = voice_for(&c, "fr").unwrap();
+    assert_eq!(voice.name(), "espeak-ng fr");
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut ours = Vec::new();
+    for (i, text) in FRENCH.iter().enumerate() {
+        let clip = speak(voice.as_mut(), text);
+        let f = dir.path().join(format!("fr{i}.wav"));
+        audio::write_wav(&f, &clip, 16_000).unwrap();
+        // Read back from the file, as the reference reads it.
+        let t = stt.transcribe(&audio::read_wav(&f).unwrap(), Some("fr"), &|| false).unwrap();
+        ours.push(t.text);
+        files.push(f);
+    }
+    let reference = reference_stt("fr", &files);
+    let (mut ours_e, mut ref_e, mut words) = (0, 0, 0);
+    for ((text, o), r) in FRENCH.iter().zip(&ours).zip(&reference) {
+        let (e, n) = word_errors(text, o);
+        let (re, _) = word_errors(text, r);
+        eprintln!("ours {e}/{n} ref {re}/{n}  {text:?}\n   ours {o:?}\n   ref  {r:?}");
+        ours_e += e;
+        ref_e += re;
+        words += n;
+    }
+    let (ours_wer, ref_wer) = (ours_e as f64 / words as f64, ref_e as f64 / words as f64);
+    eprintln!("French (espeak-ng) WER ours {ours_wer:.3} reference {ref_wer:.3}");
+    assert!(ours_wer <= ref_wer + 0.05, "ours {ours_wer:.3} vs reference {ref_wer:.3}");
+}
+
+/// Transcripts by tools/reference-stt (faster-whisper on the same CTranslate2 weights).
+fn reference_stt(language: &str, files: &[PathBuf]) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/reference-stt");
+    let out =
+        Command::new("python3").arg(&script).args(["--language", language]).args(files).output().expect("python3");
+    assert!(out.status.success(), "reference-stt: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn vad_finds_the_utterance_bounds() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut voice = voice_for(&c, "en").unwrap();
+    let (a, b) = (speak(voice.as_mut(), ENGLISH[0]), speak(voice.as_mut(), ENGLISH[1]));
+    let mut rec = silence(1.0);
+    let a_start = rec.len();
+    rec.extend(&a);
+    let a_end = rec.len();
+    rec.extend(silence(1.5));
+    let b_start = rec.len();
+    rec.extend(&b);
+    let b_end = rec.len();
+    rec.extend(silence(1.0));
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let segs = stt.vad.segments(&rec).unwrap();
+    eprintln!("truth {a_start}..{a_end} {b_start}..{b_end}; VAD {segs:?}");
+    assert_eq!(segs.len(), 2, "{segs:?}");
+    // The voice's own lead-in and tail are quiet: within 300 ms of the clip bounds.
+    let near = |x: usize, y: usize| (x as i64 - y as i64).abs() < 4_800;
+    assert!(near(segs[0].start, a_start) && near(segs[0].end, a_end), "{segs:?}");
+    assert!(near(segs[1].start, b_start) && near(segs[1].end, b_end), "{segs:?}");
+}
+
+#[test]
+fn audio_over_30_seconds_is_cut_at_pauses() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut voice = voice_for(&c, "en").unwrap();
+    let mut rec = Vec::new();
+    let mut said = String::new();
+    while rec.len() < 40 * 16_000 {
+        for text in ENGLISH {
+            rec.extend(speak(voice.as_mut(), text));
+            rec.extend(silence(1.2));
+            said.push_str(text);
+            said.push(' ');
+        }
+    }
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let windows = stt.windows(&rec).unwrap();
+    assert!(windows.len() >= 2 && windows.iter().all(|w| w.end - w.start <= 30 * 16_000), "{windows:?}");
+    let t = stt.transcribe(&rec, Some("en"), &|| false).unwrap();
+    let (e, n) = word_errors(&said, &t.text);
+    eprintln!("{:.0} s in {} windows: WER {}/{n}", rec.len() as f64 / 16_000.0, windows.len(), e);
+    assert!((e as f64 / n as f64) <= 0.10, "{:?}", t.text);
+}
+
+#[test]
+fn a_corrupt_onnx_file_is_a_clear_error_and_text_keeps_working() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let good = cfg();
+    let dir = tempfile::tempdir().unwrap();
+    let stt = dir.path().join("whisper-broken");
+    std::fs::create_dir(&stt).unwrap();
+    for f in ["whisper.json", "vocabulary.txt", "decoder.onnx"] {
+        std::os::unix::fs::symlink(good.cache_path(Path::new("whisper-base")).join(f), stt.join(f)).unwrap();
+    }
+    std::fs::write(stt.join("encoder.onnx"), b"\x08\x07 this is not a protobuf").unwrap();
+    let mut c = good.clone();
+    c.speech.stt = stt.clone();
+    match kazeia_daemon::speech::transcriber(&c) {
+        Err(SpeechError::BadModel { path, message }) => {
+            assert_eq!(path, stt.join("encoder.onnx"));
+            assert!(!message.is_empty());
+        }
+        Err(e) => panic!("expected BadModel, got {e}"),
+        Ok(_) => panic!("a corrupt encoder loaded"),
+    }
+    c.speech.stt = dir.path().join("nowhere");
+    assert!(matches!(kazeia_daemon::speech::transcriber(&c), Err(SpeechError::Missing(_))));
+    // The text side is untouched: the LLM engine loads and answers in the same process.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use kazeia_pipelines::{ChatMessage, GenEvent, GenerateOptions, GenerateRequest, Llm};
+        let c = config(&kazeia_tests::model_toml("thinker", &kazeia_tests::smollm2(), "n_ctx = 512"));
+        let engine = kazeia_engine::Engine::new();
+        let m = c.model("thinker").unwrap().clone();
+        engine.load(&m.role_params(), c.model_path(&m), Box::new(|_| {})).unwrap();
+        let req = GenerateRequest::new(
+            "thinker",
+            vec![ChatMessage::new("user", "What is the capital of France?")],
+            GenerateOptions { max_tokens: Some(12), temperature: Some(0.0), ..Default::default() },
+        );
+        let mut rx = engine.generate(req, tokio_util::sync::CancellationToken::new()).unwrap();
+        let mut text = String::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                GenEvent::Token { text: t, .. } => text.push_str(&t),
+                GenEvent::Finished(r) => {
+                    r.unwrap();
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert!(text.contains("Paris"), "{text:?}");
+    });
+}
+
+#[test]
+fn log_mel_matches_the_reference_extractor() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let clip = speak(voice_for(&c, "en").unwrap().as_mut(), ENGLISH[2]);
+    let dir = tempfile::tempdir().unwrap();
+    let (wav, ours) = (dir.path().join("c.wav"), dir.path().join("mel.f32"));
+    audio::write_wav(&wav, &clip, 16_000).unwrap();
+    let mel = kazeia_daemon::speech::mel::Mel::new().compute(&audio::read_wav(&wav).unwrap());
+    std::fs::write(&ours, mel.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    // faster-whisper's extractor, then its pad_or_trim of all but the last frame.
+    let py = "import sys, numpy as np\n\
+from faster_whisper.feature_extractor import FeatureExtractor\n\
+from faster_whisper.audio import decode_audio, pad_or_trim\n\
+f = FeatureExtractor(feature_size=80)(decode_audio(sys.argv[1]))\n\
+ref = pad_or_trim(f[:, : f.shape[-1] - 1])\n\
+ours = np.fromfile(sys.argv[2], dtype=np.float32).reshape(80, 3000)\n\
+print(float(np.abs(ref - ours).max()))";
+    let out = Command::new("python3").args(["-c", py]).arg(&wav).arg(&ours).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let diff: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(diff < 1e-3, "largest difference {diff}");
+}
