@@ -17,11 +17,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::GenerateError;
+use crate::job::{ClassifyJob, Job};
 use crate::model::SharedModel;
 use crate::params::RoleParams;
 use crate::prompt;
 use crate::sampler::{self, SamplingPlan};
-use crate::worker::{ClassifyJob, Job};
 
 /// The tokens whose KV the context holds, per sequence (cache slot), in order.
 #[derive(Default)]

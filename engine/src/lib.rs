@@ -9,6 +9,7 @@ pub mod api;
 mod backend;
 mod error;
 mod generate;
+mod job;
 mod model;
 pub mod params;
 mod prompt;
@@ -32,7 +33,8 @@ pub use error::{GenerateError, LoadError};
 pub use model::{ModelKey, SharedModel};
 pub use params::{Backend, FlashAttn, RoleParams, Sampling};
 
-use worker::{ClassifyJob, Job, Msg, Worker};
+use job::{ClassifyJob, Job, Msg};
+use worker::Worker;
 
 /// Requests waiting per role beyond the running one, before `busy`.
 pub const DEFAULT_QUEUE: usize = 8;

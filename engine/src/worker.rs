@@ -6,42 +6,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
-use crate::api::{Classification, ClassifyRequest, GenEvent, GenerateRequest, LlmError};
 use llama_cpp_2::context::params::LlamaContextParams;
-use tokio::sync::mpsc::UnboundedSender;
-use tokio_util::sync::CancellationToken;
 
 use crate::backend::backend;
 use crate::error::{GenerateError, LoadError};
 use crate::generate;
+use crate::job::Msg;
 use crate::model::SharedModel;
 use crate::params::{FlashAttn, RoleParams};
 
 /// llama.cpp mutates the model while creating a context (see llama-cpp-2's `new_context`):
 /// contexts of a shared model must be created one at a time.
 static CONTEXT_CREATION: Mutex<()> = Mutex::new(());
-
-pub struct Job {
-    pub request: GenerateRequest,
-    pub cancel: CancellationToken,
-    pub events: UnboundedSender<GenEvent>,
-    /// When the request was accepted: ttft counts queueing too.
-    pub submitted: Instant,
-}
-
-pub struct ClassifyJob {
-    pub request: ClassifyRequest,
-    pub cancel: CancellationToken,
-    pub reply: tokio::sync::oneshot::Sender<Result<Classification, LlmError>>,
-}
-
-/// A request for the role's thread; each carries its own reply channel.
-pub enum Msg {
-    Generate(Box<Job>),
-    Classify(Box<ClassifyJob>),
-}
 
 /// The handle the engine keeps for a loaded role. Dropping it stops the thread after its
 /// current request (the queue sender closes) and waits for it.
