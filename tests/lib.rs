@@ -24,6 +24,15 @@ fn model_file(rel: &str) -> PathBuf {
 /// speed check: only far above what a loaded 2-core machine ever needs.
 pub const HANG: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// Wait until `role` has no request queued or running; a hang (past [`HANG`] from `since`)
+/// fails the test.
+pub async fn wait_idle(engine: &kazeia_engine::Engine, role: &str, since: std::time::Instant) {
+    while engine.pending(role) != Some(0) {
+        assert!(since.elapsed() < HANG, "{role} never went idle");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// A config from TOML text (model files given as absolute paths).
 pub fn config(text: &str) -> Config {
     Config::parse(Path::new("test-models.toml"), text).unwrap_or_else(|e| panic!("{e}"))

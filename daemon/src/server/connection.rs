@@ -50,6 +50,12 @@ impl Outbox {
         }
     }
 
+    /// This outbox as a turn's output (events and audio frames).
+    pub(super) fn output(&self) -> crate::turns::Output {
+        let out = self.clone();
+        Arc::new(move |f: Frame| out.send_frame(f))
+    }
+
     pub(super) fn error(&self, id: Option<String>, code: ErrorCode, message: impl Into<String>) {
         self.send(&Event::Error { id, code, message: message.into() });
     }

@@ -52,12 +52,7 @@ impl Supervisor {
             uptime_s: self.started.elapsed().as_secs_f64(),
             connections: self.connections.load(Ordering::Relaxed),
             turns_running: self.turns_running(),
-            pipelines: self
-                .registry
-                .names()
-                .map(str::to_string)
-                .chain(["transcribe".to_string(), "speak".to_string(), "voice".to_string()])
-                .collect(),
+            pipelines: self.registry.names().map(str::to_string).collect(),
             budget_bytes: ledger.budget,
             pressure: format!("{:?}", self.pressure()).to_lowercase(),
             reserved_bytes: ledger.used(),

@@ -274,17 +274,8 @@ async fn cancel_during_the_guard_and_during_the_thinker() {
     // fewer than 400 tokens (counted by the engine; a wait bound here would only time the
     // machine, and the guard's last check may wait behind other tests' decodes).
     let before = thinker_tokens_before;
-    let wait_free = |role: &'static str| {
-        let engine = engine.clone();
-        async move {
-            while engine.pending(role) != Some(0) {
-                assert!(t.elapsed() < kazeia_tests::HANG, "{role} still busy");
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        }
-    };
-    wait_free("thinker").await;
-    wait_free("guard").await;
+    kazeia_tests::wait_idle(&engine, "thinker", t).await;
+    kazeia_tests::wait_idle(&engine, "guard", t).await;
     let made = engine.generated_tokens("thinker").unwrap() - before;
     assert!(made < 400, "the abandoned Thinker job made {made} tokens");
 }

@@ -150,7 +150,7 @@ async fn dropped_listener_stops_generation() {
     // The job sees at its next token that nobody listens and stops: the role goes idle having
     // generated far fewer than the 400 tokens it was asked for (EOS is ignored, so only the
     // stop can end it early). Counted by the engine, not timed.
-    idle(&engine, "thinker").await;
+    kazeia_tests::wait_idle(&engine, "thinker", Instant::now()).await;
     let abandoned = engine.generated_tokens("thinker").unwrap();
     assert!(abandoned < 400, "the abandoned request generated {abandoned} tokens");
     // The role serves the next request.
@@ -163,17 +163,8 @@ async fn dropped_listener_stops_generation() {
     let (_, s) = collect(rx).await;
     assert!(s.metrics.generated_tokens <= 4);
     // The role counts a job's tokens once the job is over, just after its last event.
-    idle(&engine, "thinker").await;
+    kazeia_tests::wait_idle(&engine, "thinker", Instant::now()).await;
     assert_eq!(engine.generated_tokens("thinker").unwrap(), abandoned + u64::from(s.metrics.generated_tokens));
-}
-
-/// Wait until `role` has no request queued or running.
-async fn idle(engine: &Engine, role: &str) {
-    let t = Instant::now();
-    while engine.pending(role) != Some(0) {
-        assert!(t.elapsed() < kazeia_tests::HANG, "{role} never went idle");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }
 
 #[test]

@@ -1,14 +1,13 @@
 //! `load` and `unload` of a model role, with progress events on the request's id.
 
-use kazeia_ipc::{ErrorCode, Event, Frame};
+use kazeia_ipc::{ErrorCode, Event};
 
 use super::Conn;
 
 pub fn load(c: &mut Conn, id: String, role: String) {
     let (sup, out) = (c.sup.clone(), c.out.clone());
     c.tasks.spawn(async move {
-        let o = out.clone();
-        let progress = crate::turns::progress(std::sync::Arc::new(move |f: Frame| o.send_frame(f)), &id, &role);
+        let progress = crate::turns::progress(out.output(), &id, &role);
         match sup.ensure_loaded(&role, progress).await {
             Ok(()) => out.send(&Event::Loaded { id: Some(id), role }),
             Err(e) => out.error(Some(id), e.code, e.message),

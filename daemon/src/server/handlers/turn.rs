@@ -2,9 +2,7 @@
 //! connection's task set; an audio turn's input ring is registered for its frames until the
 //! turn ends.
 
-use std::sync::Arc;
-
-use kazeia_ipc::{Event, Frame};
+use kazeia_ipc::Event;
 
 use super::Conn;
 use crate::supervisor::TurnRequest;
@@ -26,8 +24,7 @@ pub fn turn(c: &mut Conn, request: TurnRequest) {
         }
         _ => None,
     };
-    let (sup, out, audio) = (c.sup.clone(), c.out.clone(), c.audio.clone());
-    let output: turns::Output = Arc::new(move |f: Frame| out.send_frame(f));
+    let (sup, output, audio) = (c.sup.clone(), c.out.output(), c.audio.clone());
     c.tasks.spawn(async move {
         turns::run(sup, turn, source, output).await;
         audio.lock().expect("audio turns").remove(&id);
