@@ -156,9 +156,16 @@ fn mib(b: u64) -> String {
 }
 
 pub fn print(p: &Plan) {
-    println!(
+    crate::cli::print::outln!(
         "{:<10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:<7} HTP sessions / layers",
-        "role", "weights", "KV", "state", "compute", "other", "total MiB", "backend"
+        "role",
+        "weights",
+        "KV",
+        "state",
+        "compute",
+        "other",
+        "total MiB",
+        "backend"
     );
     for m in &p.models {
         let layers = m.layer_ranges.iter().map(|r| format!("{}..{}", r[0], r[1])).collect::<Vec<_>>().join(" ");
@@ -166,7 +173,7 @@ pub fn print(p: &Plan) {
             Some(o) => format!("(={o})"),
             None => mib(m.weights_bytes),
         };
-        println!(
+        crate::cli::print::outln!(
             "{:<10} {:>10} {:>9} {:>9} {:>9} {:>7} {:>10}  {:<7} {} {}",
             m.role,
             weights,
@@ -180,10 +187,10 @@ pub fn print(p: &Plan) {
             layers
         );
         if let Some(n) = &m.note {
-            println!("{:<10} {n}", "");
+            crate::cli::print::outln!("{:<10} {n}", "");
         }
     }
-    println!(
+    crate::cli::print::outln!(
         "total {} MiB of a {} MiB budget: {}",
         mib(p.total_bytes),
         mib(p.budget_bytes),

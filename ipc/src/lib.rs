@@ -9,4 +9,6 @@ pub mod request;
 pub use client::{Client, ClientError, Incoming};
 pub use event::{ErrorCode, Event, Limits, Metrics, ModelState, ModelStatus, StatusReport, StopReason};
 pub use frame::{AudioFrame, Frame, FrameCodec, FrameError, InvalidFrame, MAX_FRAME};
-pub use request::{parse_request, AudioSpec, ParseError, Request, TurnOptions, PROTOCOL_VERSION, REQUEST_TYPES};
+pub use request::{
+    parse_request, AudioSpec, ParseError, Request, TurnOptions, DEFAULT_PIPELINE, PROTOCOL_VERSION, REQUEST_TYPES,
+};

@@ -5,8 +5,12 @@ use serde::{Deserialize, Serialize};
 /// The protocol version this crate speaks. A client must say it in `hello`.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// A turn that names no pipeline passes the Guard both ways: unguarded `chat` is asked for by
+/// name.
+pub const DEFAULT_PIPELINE: &str = "guarded-chat";
+
 fn default_pipeline() -> String {
-    "chat".to_string()
+    DEFAULT_PIPELINE.to_string()
 }
 
 /// Per-turn overrides of the role's configured sampling.
@@ -132,6 +136,11 @@ mod parse_tests {
         let e = parse_request(br#"{"type":"turn","id":"8","options":{"bogus":1}}"#).unwrap_err();
         assert_eq!((e.code, e.id.as_deref()), (ErrorCode::BadRequest, Some("8")));
         assert_eq!(parse_request(br#"{"type":"status","id":"9"}"#).unwrap(), Request::Status { id: "9".into() });
+        // No pipeline: the guarded one.
+        match parse_request(br#"{"type":"turn","id":"1","text":"hi"}"#).unwrap() {
+            Request::Turn { pipeline, .. } => assert_eq!(pipeline, "guarded-chat"),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn arb_request() -> impl Strategy<Value = Request> {

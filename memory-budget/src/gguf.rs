@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// Why a file is not a usable GGUF model.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("model file {path} does not exist")]
+    #[error("model file {path} does not exist (tools/fetch-models fetches the default models)")]
     Missing { path: PathBuf },
     #[error("cannot read model file {path}: {source}")]
     Io { path: PathBuf, source: io::Error },

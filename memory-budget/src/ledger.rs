@@ -31,7 +31,10 @@ pub struct Entry {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{need} B needed for {role} but only {free} B of the {budget} B budget are free after evicting every idle role of priority <= {priority}; resident: {resident}")]
+#[error(
+    "{} needed for {role} but only {} of the {} budget are free after evicting every idle role of priority <= {priority}; resident: {resident}",
+    crate::human_bytes(*.need), crate::human_bytes(*.free), crate::human_bytes(*.budget)
+)]
 pub struct Refusal {
     pub role: String,
     pub need: u64,

@@ -12,7 +12,7 @@ pub mod whisper;
 
 use std::time::Duration;
 
-pub use runtime::{Placement, SpeechError};
+pub use runtime::{placement, Placement, SpeechError};
 pub use tts::{Espeak, Piper, Voice};
 pub use vad::{Segment, Vad, VadEvent, VadParams};
 pub use whisper::{Transcript, Whisper};

@@ -19,7 +19,7 @@ pub enum SpeechError {
     NoRuntime(PathBuf),
     #[error("ONNX Runtime at {path}: {message}")]
     Runtime { path: PathBuf, message: String },
-    #[error("model file {0} is missing")]
+    #[error("model file {0} is missing (tools/fetch-models fetches the default models)")]
     Missing(PathBuf),
     #[error("{path}: not a usable ONNX model: {message}")]
     BadModel { path: PathBuf, message: String },
@@ -29,6 +29,9 @@ pub enum SpeechError {
     Run(String),
     #[error("audio: {0}")]
     Audio(String),
+    /// The speech models do not fit the memory budget.
+    #[error("over budget: {0}")]
+    OverBudget(String),
 }
 
 impl SpeechError {
@@ -41,6 +44,7 @@ impl SpeechError {
             | SpeechError::NoRuntime(_)
             | SpeechError::NoQnn { .. } => ErrorCode::ModelFile,
             SpeechError::Audio(_) => ErrorCode::BadRequest,
+            SpeechError::OverBudget(_) => ErrorCode::OverBudget,
             _ => ErrorCode::Engine,
         }
     }
@@ -109,14 +113,18 @@ pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session
         let attempt = builder()?.with_execution_providers([qnn]).map_err(|e| e.to_string());
         match attempt.and_then(|mut b| b.commit_from_file(path).map_err(|e| e.to_string())) {
             Ok(s) => {
-                return Ok((
-                    s,
-                    Placement { device: "htp".into(), reason: "QNN execution provider, HTP backend".into() },
-                ))
+                let placement =
+                    Placement { device: "htp".into(), reason: "QNN execution provider, HTP backend".into() };
+                *LAST.lock().expect("placement") = Some(placement.clone());
+                return Ok((s, placement));
             }
             Err(message) if backend == Backend::Htp => return Err(SpeechError::NoQnn { path: path.into(), message }),
             Err(message) => {
-                tracing::warn!(model = %path.display(), "QNN (HTP) unavailable, running on the CPU: {message}");
+                // Expected on every CPU-only machine: one line per process, not one per model
+                // (a voice turn opens four sessions); the details per model at debug.
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| tracing::info!("speech runs on the CPU: QNN (HTP) is not available here"));
+                tracing::debug!(model = %path.display(), "QNN (HTP) unavailable, running on the CPU: {message}");
             }
         }
     }
@@ -127,5 +135,15 @@ pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session
             "backend = \"auto\": this ONNX Runtime has no QNN execution provider (CPU-only build or no NPU)".to_string()
         }
     };
-    Ok((s, Placement { device: "cpu".into(), reason }))
+    let placement = Placement { device: "cpu".into(), reason };
+    *LAST.lock().expect("placement") = Some(placement.clone());
+    Ok((s, placement))
+}
+
+static LAST: std::sync::Mutex<Option<Placement>> = std::sync::Mutex::new(None);
+
+/// Where this process's speech models run (the session opened last) and why: the one line a
+/// CLI run prints about speech.
+pub fn placement() -> Option<Placement> {
+    LAST.lock().expect("placement").clone()
 }

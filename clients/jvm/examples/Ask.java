@@ -15,7 +15,7 @@ import org.kazeia.client.TurnRequest;
 public final class Ask {
     public static void main(String[] args) {
         Path socket = Client.defaultSocket();
-        String pipeline = "chat";
+        String pipeline = "guarded-chat";
         String text = null;
         String session = null;
         Double temperature = null;

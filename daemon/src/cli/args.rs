@@ -1,35 +1,58 @@
-//! The command line's arguments (clap derive), shared by the commands.
+//! The command line's arguments (clap derive), shared by the commands. Every flag has a help
+//! text: `kazeia <command> --help` is the reference the README's usage section follows.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use kazeia_ipc::TurnOptions;
 
+/// Said once for every `--socket`: where the daemon listens when nothing says otherwise.
+const SOCKET_HELP: &str = "The daemon's socket [default: $XDG_RUNTIME_DIR/kazeia/engine.sock, \
+     or ~/.cache/kazeia/run/engine.sock when XDG_RUNTIME_DIR is unset]";
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Socket path (default: [daemon] socket in the config, else $XDG_RUNTIME_DIR/kazeia/engine.sock).
+    /// Socket path (overrides `[daemon] socket`) [default: $XDG_RUNTIME_DIR/kazeia/engine.sock, or
+    /// ~/.cache/kazeia/run/engine.sock when XDG_RUNTIME_DIR is unset]. A directory the daemon
+    /// creates is made 0700; an existing one is used as it is and refused when other users can
+    /// enter it (unless `[daemon] shared_socket_dir = true`).
     #[arg(long)]
     pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct ClientArgs {
-    /// The daemon's socket.
-    #[arg(long, env = "KAZEIA_SOCKET")]
+    #[arg(long, env = "KAZEIA_SOCKET", help = SOCKET_HELP)]
     pub socket: Option<PathBuf>,
-    /// One JSON object per line.
+    /// Print one JSON object per line (the protocol's events) instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct AskArgs {
-    /// The user's text.
-    pub text: String,
-    #[arg(long, default_value = "chat")]
-    pub pipeline: String,
+    /// The user's text; `-` reads it from standard input.
+    #[arg(conflicts_with_all = ["text_flag", "audio"])]
+    pub text: Option<String>,
+    /// The user's text (same as the positional TEXT).
+    #[arg(long = "text", value_name = "TEXT", conflicts_with = "audio")]
+    pub text_flag: Option<String>,
+    /// Pipeline [default: guarded-chat; with --audio: voice]. `chat` is the unguarded one.
+    #[arg(long)]
+    pub pipeline: Option<String>,
+    /// A WAV file (any rate, mono or stereo) streamed to the daemon for an audio pipeline
+    /// (`voice`: transcript, verdicts, reply; `transcribe`: the transcript).
+    #[arg(long, value_name = "FILE")]
+    pub audio: Option<PathBuf>,
+    /// Stream --audio at the pace it was recorded (as a microphone would), not as fast as the
+    /// socket takes it.
+    #[arg(long, requires = "audio")]
+    pub realtime: bool,
+    /// Write the spoken reply here (WAV): `voice`, `speak`.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
     /// Continue this conversation (the daemon keeps its earlier turns).
     #[arg(long)]
     pub session: Option<String>,
@@ -42,12 +65,14 @@ pub struct AskArgs {
 /// Per-turn overrides of a role's configured sampling.
 #[derive(Debug, Args)]
 pub struct SamplingArgs {
-    /// Sampling temperature (0 = greedy).
+    /// Sampling temperature (0 = greedy) [default: the role's, models.toml].
     #[arg(long)]
     pub temperature: Option<f32>,
+    /// Sampling seed: the same seed, prompt and model give the same answer.
     #[arg(long)]
     pub seed: Option<u32>,
-    #[arg(long)]
+    /// Most tokens the Thinker generates for this turn (at least 1) [default: the role's].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
 }
 
@@ -59,19 +84,21 @@ impl SamplingArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Pipeline name (`chat`, …) or a built-in/--pipelines file.
+    /// Pipeline name (`guarded-chat`, `chat`, `guard`, `transcribe`, `speak`, `voice`) or a
+    /// --pipelines file's name.
+    #[arg(default_value = kazeia_ipc::DEFAULT_PIPELINE)]
     pub pipeline: String,
-    /// The user's text for this turn.
+    /// The user's text for this turn; `-` reads it from standard input.
     #[arg(long, required_unless_present = "audio")]
     pub text: Option<String>,
-    /// A WAV file (any rate and channels) for the speech pipelines (`transcribe`).
-    #[arg(long)]
+    /// A WAV file (any rate and channels) for the speech pipelines (`transcribe`, `voice`).
+    #[arg(long, value_name = "FILE")]
     pub audio: Option<PathBuf>,
-    /// Spoken language (`fr`, `en`, …); default `[speech] language` (`auto` detects).
+    /// Spoken language (`fr`, `en`, …) [default: `[speech] language`; `auto` detects].
     #[arg(long)]
     pub language: Option<String>,
     /// Where `speak` and `voice` write the spoken reply (WAV).
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub common: CommonArgs,
@@ -84,7 +111,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct CommonArgs {
-    /// Model set.
+    /// Model set (see models.toml; the device set is models.target.toml).
     #[arg(long, env = "KAZEIA_CONFIG", default_value = "models.toml")]
     pub config: PathBuf,
     /// Extra pipeline files (`NAME.toml`), added to and overriding the built-in ones.

@@ -21,21 +21,28 @@ pub async fn connect(args: &ClientArgs, printer: &Printer) -> Option<Client> {
     }
 }
 
-/// Print a request's events until its final one.
+/// Print a request's events until its final one. Audio frames go to `audio` (a turn's spoken
+/// reply).
 pub async fn follow(
     printer: &Printer,
     mut rx: mpsc::UnboundedReceiver<Incoming>,
     is_final: impl Fn(&Event) -> bool,
+    mut on_event: impl FnMut(&Event),
+    mut audio: impl FnMut(kazeia_ipc::AudioFrame),
 ) -> Exit {
     while let Some(item) = rx.recv().await {
-        if let Incoming::Event(ev) = item {
-            printer.event(&ev);
-            if let Event::Error { .. } = ev {
-                return Exit::Failed;
+        match item {
+            Incoming::Event(ev) => {
+                printer.event(&ev);
+                on_event(&ev);
+                if let Event::Error { code, .. } = ev {
+                    return Exit::for_code(code);
+                }
+                if is_final(&ev) {
+                    return Exit::Ok;
+                }
             }
-            if is_final(&ev) {
-                return Exit::Ok;
-            }
+            Incoming::Audio(a) => audio(a),
         }
     }
     printer.error(ErrorCode::Engine, "the daemon closed the connection".into());

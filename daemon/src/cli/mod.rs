@@ -8,26 +8,89 @@ mod args;
 mod ask;
 mod client;
 mod plan;
-mod print;
+pub(crate) mod print;
 mod request;
 mod run;
 mod serve;
 
 use clap::{Parser, Subcommand};
+use kazeia_ipc::ErrorCode;
 
 pub use args::*;
 use print::Printer;
 
-/// How `kazeia` exits: scripts tell a refusal from a failure.
+/// How `kazeia` exits: scripts tell a refusal from a failure. The same error gives the same
+/// code in every command (`run` in-process and `ask` through the daemon alike): see
+/// [`Exit::for_code`]. Also 141: stdout closed early (see `print`). The README lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Ok = 0,
-    /// The work failed (a model, the engine, the daemon said no).
+    /// The work failed (a model, the engine, the budget, the daemon said no).
     Failed = 1,
-    /// The command was wrong: arguments, config, pipeline, input.
+    /// The command was wrong: arguments, config, pipeline, input (clap's own code for bad flags).
     Usage = 2,
     /// `plan`: the models do not fit the budget.
     DoesNotFit = 3,
+    /// Ctrl-C (SIGINT) stopped it: 128 + 2, the shell's convention.
+    Interrupted = 130,
+}
+
+impl Exit {
+    /// The exit code for an error the daemon (or `run`'s own supervisor) answered.
+    pub fn for_code(code: ErrorCode) -> Exit {
+        use ErrorCode::*;
+        match code {
+            BadConfig | Pipeline | BadRequest | BadJson | UnknownType | BadFrame => Exit::Usage,
+            _ => Exit::Failed,
+        }
+    }
+}
+
+/// A text argument: `-` reads standard input (a trailing newline dropped).
+fn read_text(arg: String) -> Result<String, String> {
+    if arg != "-" {
+        return Ok(arg);
+    }
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| format!("reading stdin: {e}"))?;
+    Ok(s.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&s).to_string())
+}
+
+/// Fail before any work when `path` cannot be written (a soak, a load, a turn wasted on an
+/// unwritable `--out`): open it for writing without truncating, and remove it again if it was
+/// not there.
+pub fn check_writable(path: &std::path::Path, what: &str) -> Result<(), String> {
+    let fail = |e: &dyn std::fmt::Display| format!("cannot write {what} to {}: {e}", path.display());
+    if path.is_dir() {
+        return Err(fail(&"it is a directory"));
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(|e| fail(&e))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Set once Ctrl-C was seen: the command then exits 130 after the daemon has ended its turn.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// From now on, Ctrl-C is noted and runs `then` (cancel the turn). The handler is in place
+/// when this returns (a signal between the turn's start and a task's first poll would otherwise
+/// kill the process with the turn still running in the daemon).
+fn on_ctrl_c(then: impl FnOnce() + Send + 'static) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut sigint) = signal(SignalKind::interrupt()) else { return };
+    tokio::spawn(async move {
+        if sigint.recv().await.is_some() {
+            INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+            then();
+        }
+    });
 }
 
 #[derive(Debug, Parser)]
@@ -49,18 +112,21 @@ pub enum Command {
     Status(ClientArgs),
     /// Cancel a running request by its id (as printed by `ask`).
     Cancel {
+        /// The request's id (`ask` prints it as `[request ID]`; `--json`: the `id` field).
         id: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Load a model role in the daemon.
     Load {
+        /// A role `status` lists: `thinker`, `guard`, `stt` (Whisper and the VAD), `tts-<lang>`.
         role: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Unload a model role from the daemon.
     Unload {
+        /// A role `status` lists (as for `load`).
         role: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -71,7 +137,7 @@ pub enum Command {
     Plan {
         #[command(flatten)]
         common: CommonArgs,
-        /// One JSON object.
+        /// One JSON object (`"type": "plan"`), as the other commands' `--json`.
         #[arg(long)]
         json: bool,
     },
@@ -92,5 +158,80 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Plan { common, json } => plan::plan(&common, json),
         Command::Soak(args) => request::soak(args).await,
     };
+    // The turn was cancelled cleanly (its `done` came), but the person stopped it.
+    if interrupted() {
+        return Exit::Interrupted as i32;
+    }
     exit as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// `kazeia <command> --help` is the reference: no flag or argument goes without a line.
+    #[test]
+    fn every_flag_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "kazeia", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        Cli::command().debug_assert();
+    }
+
+    /// Every `$K …` line of the README's usage section parses with these arguments: the README
+    /// and the help texts name the same flags.
+    #[test]
+    fn readme_usage_parses() {
+        let readme = include_str!("../../../README.md");
+        let mut n = 0;
+        for line in readme.lines() {
+            let line = line.split("  #").next().unwrap_or_default();
+            for cmd in line.split(';').map(|c| c.trim().trim_end_matches('&').trim()) {
+                let Some(rest) = cmd.strip_prefix("$K ") else { continue };
+                let words = shlex::split(rest).unwrap_or_else(|| panic!("cannot split {cmd:?}"));
+                let argv = std::iter::once("kazeia".to_string()).chain(words);
+                if let Err(e) = Cli::try_parse_from(argv) {
+                    panic!("README: {cmd:?} does not parse:\n{e}");
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 20, "only {n} commands found in the README");
+    }
+
+    #[test]
+    fn the_same_error_gives_the_same_exit_code() {
+        assert_eq!(Exit::for_code(ErrorCode::Pipeline), Exit::Usage);
+        assert_eq!(Exit::for_code(ErrorCode::BadRequest), Exit::Usage);
+        assert_eq!(Exit::for_code(ErrorCode::OverBudget), Exit::Failed);
+        assert_eq!(Exit::for_code(ErrorCode::ModelFile), Exit::Failed);
+    }
+
+    #[test]
+    fn output_paths_are_checked_without_leaving_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = dir.path().join("reply.wav");
+        check_writable(&ok, "the reply").unwrap();
+        assert!(!ok.exists());
+        let e = check_writable(&dir.path().join("no/such/dir/x.png"), "the plot").unwrap_err();
+        assert!(e.contains("cannot write the plot to") && e.contains("no/such/dir"), "{e}");
+        assert!(check_writable(dir.path(), "the plot").unwrap_err().contains("is a directory"));
+        // An existing file is left as it was.
+        std::fs::write(&ok, b"keep").unwrap();
+        check_writable(&ok, "the reply").unwrap();
+        assert_eq!(std::fs::read(&ok).unwrap(), b"keep");
+    }
 }

@@ -18,7 +18,10 @@ pub fn plan(common: &CommonArgs, json: bool) -> Exit {
     match crate::plan::plan(&config) {
         Ok(p) => {
             if json {
-                println!("{}", serde_json::to_string(&p).expect("plan serializes"));
+                // Tagged like every other `--json` line (`"type": "plan"`).
+                let mut v = serde_json::to_value(&p).expect("plan serializes");
+                v.as_object_mut().expect("an object").insert("type".into(), "plan".into());
+                super::print::outln!("{v}");
             } else {
                 crate::plan::print(&p);
             }

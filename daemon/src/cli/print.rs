@@ -1,63 +1,120 @@
 //! Printing events: text mode writes the reply to stdout and notes to stderr; `--json` writes
 //! one event object per line to stdout.
+//!
+//! A closed stdout (`kazeia status | head -1`) ends the command at once and quietly, with exit
+//! code 141 as a Unix tool killed by SIGPIPE would (it used to panic, exit 101). Rust ignores
+//! SIGPIPE, and the daemon must keep doing so (a client that vanishes is not a reason to die),
+//! so every write to stdout goes through [`out`].
 
 use std::io::{IsTerminal, Write};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kazeia_ipc::{ErrorCode, Event, StopReason};
+use kazeia_pipelines::Plan;
+
+/// Exit code when stdout was closed before the command was done: 128 + SIGPIPE.
+pub const EXIT_CLOSED_STDOUT: i32 = 141;
+
+/// Write to stdout and flush; a closed stdout ends the process quietly (see the module's doc).
+pub fn out(args: std::fmt::Arguments) {
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|()| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(EXIT_CLOSED_STDOUT);
+        }
+    }
+}
+
+/// A note for the person at the terminal (stderr); a closed stderr loses it, nothing else.
+pub fn note(args: std::fmt::Arguments) {
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}
+
+/// `println!` through [`out`].
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::cli::print::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+/// `eprintln!` through [`note`].
+macro_rules! noteln {
+    ($($t:tt)*) => { $crate::cli::print::note(format_args!($($t)*)) };
+}
+pub(crate) use {noteln, outln};
 
 /// Print events: text mode writes the reply to stdout and the rest to stderr; JSON mode writes
 /// one object per line to stdout.
 pub struct Printer {
     pub json: bool,
-    /// `run transcribe`: the transcript is the output (stdout), not a note.
+    /// A pipeline without a Thinker: its transcript (`transcribe`) or its verdict (`guard`) is
+    /// the output (stdout), not a note.
     pub transcript_out: bool,
+    pub verdict_out: bool,
+    /// Reply text went to stdout: it gets its final newline at `done`.
+    wrote_text: std::sync::atomic::AtomicBool,
     bar: std::sync::Mutex<Option<ProgressBar>>,
 }
 
 impl Printer {
     pub fn new(json: bool) -> Printer {
-        Printer { json, transcript_out: false, bar: std::sync::Mutex::new(None) }
+        Printer {
+            json,
+            transcript_out: false,
+            verdict_out: false,
+            wrote_text: Default::default(),
+            bar: Default::default(),
+        }
+    }
+
+    /// What goes to stdout for a pipeline of this shape.
+    pub fn for_plan(mut self, plan: &Plan) -> Printer {
+        self.transcript_out = plan.transcribe && !plan.has_text_stages();
+        self.verdict_out = plan.think.is_none() && (plan.input_guard.is_some() || plan.output_guard.is_some());
+        self
     }
 
     pub fn event(&self, ev: &Event) {
-        let mut out = std::io::stdout().lock();
         if self.json {
-            let _ = writeln!(out, "{}", serde_json::to_string(ev).expect("events serialize"));
-            let _ = out.flush();
+            outln!("{}", serde_json::to_string(ev).expect("events serialize"));
             return;
         }
         match ev {
             Event::Token { text, .. } => {
-                let _ = write!(out, "{text}");
-                let _ = out.flush();
+                self.wrote_text.store(true, std::sync::atomic::Ordering::Relaxed);
+                out(format_args!("{text}"))
             }
             Event::Done { stop, metrics, .. } => {
-                let _ = writeln!(out);
                 let note = if *stop == StopReason::Eos { String::new() } else { format!(" (stopped: {stop:?})") };
-                eprintln!(
-                    "[{} prompt + {} generated tokens, ttft {:.0} ms, prefill {:.1} tok/s, decode {:.1} tok/s]{note}",
-                    metrics.prompt_tokens,
-                    metrics.generated_tokens,
-                    metrics.ttft_ms,
-                    metrics.prefill_tok_s,
-                    metrics.decode_tok_s
-                );
+                // Stages without a language model (transcribe, speak, a guard's verdict) have
+                // no token figures to give.
+                if self.wrote_text.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    outln!("");
+                }
+                if metrics.generated_tokens > 0 || metrics.prompt_tokens > 0 {
+                    noteln!(
+                        "[{} prompt + {} generated tokens, ttft {:.0} ms, prefill {:.1} tok/s, decode {:.1} tok/s]{note}",
+                        metrics.prompt_tokens,
+                        metrics.generated_tokens,
+                        metrics.ttft_ms,
+                        metrics.prefill_tok_s,
+                        metrics.decode_tok_s
+                    );
+                } else if *stop != StopReason::Eos {
+                    noteln!("[stopped: {}]", format!("{stop:?}").to_lowercase());
+                }
             }
-            Event::Error { code, message, .. } => {
-                let _ = out.flush();
-                eprintln!("error [{code}]: {message}");
+            Event::Error { code, message, .. } => noteln!("error [{code}]: {message}"),
+            Event::Accepted { id, .. } => noteln!("[request {id}]"),
+            Event::Verdict { stage, label, categories, ms, .. } if self.verdict_out => {
+                let cats = if categories.is_empty() { String::new() } else { format!(" ({})", categories.join(", ")) };
+                outln!("{label}{cats}");
+                noteln!("[{stage} guard, {ms:.0} ms]");
             }
-            Event::Accepted { id, .. } => eprintln!("[request {id}]"),
-            Event::Verdict { stage, label, ms, .. } => eprintln!("[{stage} guard: {label}, {ms:.0} ms]"),
-            Event::Transcript { text, .. } if self.transcript_out => {
-                let _ = writeln!(out, "{text}");
-            }
-            Event::Transcript { text, .. } => eprintln!("[heard: {text}]"),
+            Event::Verdict { stage, label, ms, .. } => noteln!("[{stage} guard: {label}, {ms:.0} ms]"),
+            Event::Transcript { text, .. } if self.transcript_out => outln!("{text}"),
+            Event::Transcript { text, .. } => noteln!("[heard: {text}]"),
             Event::LoadProgress { role, progress, .. } => self.progress(role, *progress),
             Event::Sentence { .. } | Event::Welcome { .. } => {}
-            Event::Loaded { role, .. } => eprintln!("loaded {role}"),
-            Event::Unloaded { role, .. } => eprintln!("unloaded {role}"),
+            Event::Loaded { role, .. } => noteln!("loaded {role}"),
+            Event::Unloaded { role, .. } => noteln!("unloaded {role}"),
             Event::Status { status: s, .. } => status(s),
         }
     }
@@ -90,18 +147,23 @@ impl Printer {
 
 /// The status report as a table.
 pub fn status(s: &kazeia_ipc::StatusReport) {
-    println!(
+    outln!(
         "{} (protocol {}), pid {}, up {:.0} s, {} connection(s), {} turn(s) running",
-        s.server, s.protocol, s.pid, s.uptime_s, s.connections, s.turns_running
+        s.server,
+        s.protocol,
+        s.pid,
+        s.uptime_s,
+        s.connections,
+        s.turns_running
     );
-    println!("pipelines: {}", s.pipelines.join(", "));
+    outln!("pipelines: {}", s.pipelines.join(", "));
     let to_mib = |b: u64| b as f64 / 1048576.0;
-    println!("memory: {:.1} MiB reserved of a {:.1} MiB budget", to_mib(s.reserved_bytes), to_mib(s.budget_bytes));
-    println!("{:<10} {:<9} {:<6} {:>9} {:>5}  file / placement", "role", "state", "device", "MiB", "busy");
+    outln!("memory: {:.1} MiB reserved of a {:.1} MiB budget", to_mib(s.reserved_bytes), to_mib(s.budget_bytes));
+    outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  file / placement", "role", "state", "device", "MiB", "busy");
     for m in &s.models {
         let mib = m.file_bytes.map(|b| format!("{:.1}", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());
         let state = format!("{:?}", m.state).to_lowercase();
-        println!(
+        outln!(
             "{:<10} {:<9} {:<6} {:>9} {:>5}  {}",
             m.role,
             state,
@@ -115,13 +177,13 @@ pub fn status(s: &kazeia_ipc::StatusReport) {
                 .measured_bytes
                 .map(|b| format!(", measured at load {:.1} MiB", b as f64 / 1048576.0))
                 .unwrap_or_default();
-            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  reserves {:.1} MiB{measured}", "", "", "", "", "", to_mib(r));
+            outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  reserves {:.1} MiB{measured}", "", "", "", "", "", to_mib(r));
         }
         if let Some(p) = &m.placement {
-            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "", "", "", "", "", p);
+            outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  {}", "", "", "", "", "", p);
         }
         if !m.shares_model_with.is_empty() {
-            println!(
+            outln!(
                 "{:<10} {:<9} {:<6} {:>9} {:>5}  shares its model with {}",
                 "",
                 "",
@@ -132,7 +194,7 @@ pub fn status(s: &kazeia_ipc::StatusReport) {
             );
         }
         if let Some(e) = &m.error {
-            println!("{:<10} {:<9} {:<6} {:>9} {:>5}  error: {e}", "", "", "", "", "");
+            outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  error: {e}", "", "", "", "", "");
         }
     }
 }

@@ -19,7 +19,7 @@ pub async fn simple(args: ClientArgs, make: impl FnOnce(String) -> Request) -> E
         }
     };
     let last = |ev: &Event| matches!(ev, Event::Status { .. } | Event::Loaded { .. } | Event::Unloaded { .. });
-    follow(&printer, rx, last).await
+    follow(&printer, rx, last, |_| {}, |_| {}).await
 }
 
 pub async fn cancel(args: ClientArgs, id: String) -> Exit {
@@ -53,7 +53,7 @@ pub async fn cancel(args: ClientArgs, id: String) -> Exit {
                 return Exit::Failed;
             }
             if !printer.json {
-                eprintln!("cancelled {id}");
+                super::print::noteln!("cancelled {id}");
             }
             Exit::Ok
         }

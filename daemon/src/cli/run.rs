@@ -7,13 +7,23 @@ use std::sync::{Arc, Mutex};
 use kazeia_ipc::{AudioSpec, ErrorCode, Event, Frame};
 use tokio_util::sync::CancellationToken;
 
+use super::print::noteln;
 use super::{Exit, Printer, RunArgs};
 use crate::config::Config;
 use crate::supervisor::{Supervisor, TurnRequest, Who};
 use crate::turns::{self, AudioSource};
 
-pub async fn run(args: RunArgs) -> Exit {
-    let mut printer = Printer::new(args.json);
+pub async fn run(mut args: RunArgs) -> Exit {
+    let printer = Printer::new(args.json);
+    if let Some(t) = args.text.take() {
+        match super::read_text(t) {
+            Ok(t) => args.text = Some(t),
+            Err(e) => {
+                printer.error(ErrorCode::BadRequest, e);
+                return Exit::Usage;
+            }
+        }
+    }
     let mut config = match Config::load(&args.common.config) {
         Ok(c) => c,
         Err(e) => {
@@ -53,13 +63,22 @@ pub async fn run(args: RunArgs) -> Exit {
     if plan.speak && args.out.is_none() {
         return usage(format!("{name} speaks: give --out FILE.wav"));
     }
-    printer.transcript_out = plan.transcribe && !plan.has_text_stages();
+    if let Some(out) = &args.out {
+        if let Err(e) = super::check_writable(out, "the spoken reply") {
+            return usage(e);
+        }
+    }
+    let printer = printer.for_plan(&plan);
     let samples = match &args.audio {
         Some(path) => match crate::speech::audio::read_wav(path) {
+            Ok(s) if s.is_empty() => {
+                printer.error(ErrorCode::BadRequest, format!("{}: no audio in it", path.display()));
+                return Exit::Usage;
+            }
             Ok(s) => Some(s),
             Err(e) => {
                 printer.error(ErrorCode::BadRequest, e.to_string());
-                return Exit::Failed;
+                return Exit::Usage;
             }
         },
         None => None,
@@ -80,22 +99,21 @@ pub async fn run(args: RunArgs) -> Exit {
     let turn = match sup.begin_turn(who, request, &root) {
         Ok(t) => t,
         Err(e) => {
-            let usage = matches!(e.code, ErrorCode::Pipeline | ErrorCode::BadRequest);
             printer.error(e.code, e.message);
-            return if usage { Exit::Usage } else { Exit::Failed };
+            return Exit::for_code(e.code);
         }
     };
+    // `--json` gives the events a socket client would see, `accepted` first.
+    if printer.json {
+        printer.event(&Event::Accepted { id: turn.id.clone(), pipeline: turn.pipeline.name.clone() });
+    }
     let on_signal = root.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_signal.cancel();
-        }
-    });
+    super::on_ctrl_c(move || on_signal.cancel());
 
     // Events printed as they come; audio gathered for --out.
     let printer = Arc::new(printer);
     let spoken = Arc::new(Mutex::new((Vec::<f32>::new(), 0u32)));
-    let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed = Arc::new(Mutex::new(None::<ErrorCode>));
     let output: turns::Output = {
         let (printer, spoken, failed) = (printer.clone(), spoken.clone(), failed.clone());
         Arc::new(move |f: Frame| match f {
@@ -106,8 +124,8 @@ pub async fn run(args: RunArgs) -> Exit {
             }
             Frame::Json(body) => {
                 if let Ok(ev) = serde_json::from_slice::<Event>(&body) {
-                    if matches!(ev, Event::Error { .. }) {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    if let Event::Error { code, .. } = ev {
+                        *failed.lock().expect("failed") = Some(code);
                     }
                     printer.event(&ev);
                 }
@@ -116,13 +134,19 @@ pub async fn run(args: RunArgs) -> Exit {
         })
     };
     turns::run(sup.clone(), turn, samples.map(AudioSource::Complete), output).await;
-    let mut exit = if failed.load(std::sync::atomic::Ordering::Relaxed) { Exit::Failed } else { Exit::Ok };
+    let mut exit = failed.lock().expect("failed").map_or(Exit::Ok, Exit::for_code);
+    // Where speech ran, once per run (instead of a warning per ONNX session).
+    if (plan.transcribe || plan.speak) && !printer.json {
+        if let Some(p) = crate::speech::placement() {
+            noteln!("[speech on {}: {}]", p.device, p.reason);
+        }
+    }
     if let (Some(out), Exit::Ok) = (&args.out, exit) {
         let (samples, rate) = std::mem::take(&mut *spoken.lock().expect("spoken audio"));
         match crate::speech::audio::write_wav(out, &samples, rate.max(1)) {
             Ok(()) if !printer.json => {
                 let secs = samples.len() as f64 / f64::from(rate.max(1));
-                eprintln!("[{secs:.1} s of audio in {}]", out.display());
+                noteln!("[{secs:.1} s of audio in {}]", out.display());
             }
             Ok(()) => {}
             Err(e) => {

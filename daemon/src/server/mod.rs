@@ -25,7 +25,7 @@ pub use socket::{default_path, SocketError};
 
 pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
     let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
-    let bound = socket::bind(&path)?;
+    let bound = socket::bind(&path, config.daemon.shared_socket_dir)?;
     apply_htp_sessions(&config);
     let grace = config.daemon.shutdown_grace;
     let preload = config.daemon.preload;

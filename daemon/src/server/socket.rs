@@ -1,4 +1,10 @@
 //! The listening socket: path and permissions, stale-socket recovery, systemd activation.
+//!
+//! Permissions: the daemon sets the mode only of a directory it creates (0700). An existing
+//! directory is used as it is, never chmod-ed (`--socket ./engine.sock` once locked the user's
+//! current folder, and as root `--socket /tmp/x.sock` would have locked /tmp), and refused when
+//! other users can enter it, unless `[daemon] shared_socket_dir = true`. The socket file is 0600
+//! either way.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -16,6 +22,11 @@ pub enum SocketError {
     NotASocket(String),
     #[error("cannot prepare the socket directory {path}: {source}")]
     Dir { path: String, source: io::Error },
+    #[error(
+        "the socket directory {path} is open to other users (mode {mode:04o}): use a private directory \
+         (e.g. the default, $XDG_RUNTIME_DIR/kazeia), or set [daemon] shared_socket_dir = true"
+    )]
+    SharedDir { path: String, mode: u32 },
     #[error("cannot bind {path}: {source}")]
     Bind { path: String, source: io::Error },
     #[error("systemd socket activation: {0}")]
@@ -82,25 +93,40 @@ fn activated() -> Result<Option<UnixListener>, SocketError> {
     UnixListener::from_std(std_listener).map(Some).map_err(|e| SocketError::Activation(e.to_string()))
 }
 
+/// The socket's directory: created 0700 when missing (only the owner may even reach the
+/// socket); an existing one is left as it is, and refused when group or others may enter it
+/// unless `shared` says that is wanted.
+fn prepare_dir(dir: &Path, shared: bool) -> Result<(), SocketError> {
+    let err = |source| SocketError::Dir { path: dir.display().to_string(), source };
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => Err(err(io::Error::new(io::ErrorKind::NotADirectory, "not a directory"))),
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o011 != 0 && !shared {
+                return Err(SocketError::SharedDir { path: dir.display().to_string(), mode });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(err)
+        }
+        Err(e) => Err(err(e)),
+    }
+}
+
 /// Bind the daemon's socket. A socket file left by a killed daemon is replaced; a live daemon's
-/// socket is never taken.
-pub fn bind(path: &Path) -> Result<Bound, SocketError> {
+/// socket is never taken. `shared_dir`: `[daemon] shared_socket_dir`.
+pub fn bind(path: &Path, shared_dir: bool) -> Result<Bound, SocketError> {
     if let Some(listener) = activated()? {
         return Ok(Bound::Activated { listener });
     }
     let show = path.display().to_string();
-    if let Some(dir) = path.parent() {
-        if !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|source| SocketError::Dir { path: dir.display().to_string(), source })?;
-        }
-        // Only the owner may even reach the socket.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|source| SocketError::Dir { path: dir.display().to_string(), source })?;
-    }
+    // `engine.sock` alone: the current directory.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    prepare_dir(dir, shared_dir)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) => {
             use std::os::unix::fs::FileTypeExt;

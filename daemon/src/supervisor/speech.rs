@@ -1,5 +1,6 @@
-//! The speech models, loaded by the first audio turn and kept for the daemon's life, entered in
-//! the ledger as `speech`.
+//! The speech models, loaded by the first audio turn (or `load stt`) and kept until `unload`,
+//! entered in the ledger as `speech`. `status` lists them as roles `stt`, `vad` (one stack: they
+//! load and unload together) and `tts-<lang>` (a voice each); `load`/`unload` take those names.
 
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +17,21 @@ pub struct SpeechStack {
     pub stt: Mutex<Transcriber>,
     stt_placement: Placement,
     vad_placement: Placement,
-    voices: Mutex<std::collections::HashMap<String, Box<dyn Voice>>>,
+    /// Each voice has its own lock (a synthesis holds it); the map's lock is held only to look
+    /// up or insert, so `status` never waits on a synthesis.
+    voices: Mutex<std::collections::HashMap<String, SharedVoice>>,
+}
+
+/// A loaded voice, locked while it synthesises.
+type SharedVoice = Arc<Mutex<Box<dyn Voice>>>;
+
+/// A speech role as `status` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpeechRole {
+    /// `stt` or `vad`: Whisper and Silero, loaded together.
+    Stack,
+    /// `tts-<lang>`: the voice of a language in `[speech.voices]`.
+    Voice(String),
 }
 
 impl SpeechStack {
@@ -28,12 +43,23 @@ impl SpeechStack {
 
     /// Synthesise with the voice of `language` (loaded on first use).
     pub fn say(&self, sup: &Supervisor, language: &str, text: &str) -> Result<(Vec<f32>, u32), SpeechError> {
-        let mut voices = self.voices.lock().expect("voices");
-        if !voices.contains_key(language) {
-            voices.insert(language.to_string(), crate::speech::voice_for(&sup.config, language)?);
-        }
-        let v = voices.get_mut(language).expect("inserted");
+        let voice = self.voice(sup, language)?;
+        let mut v = voice.lock().expect("voice");
         Ok((v.synthesize(text)?, v.sample_rate()))
+    }
+
+    /// The voice of `language`, loaded on first use (outside the map's lock: two first uses may
+    /// both load, the first insert wins).
+    fn voice(&self, sup: &Supervisor, language: &str) -> Result<SharedVoice, SpeechError> {
+        if let Some(v) = self.voices.lock().expect("voices").get(language) {
+            return Ok(v.clone());
+        }
+        let loaded = Arc::new(Mutex::new(crate::speech::voice_for(&sup.config, language)?));
+        Ok(self.voices.lock().expect("voices").entry(language.to_string()).or_insert(loaded).clone())
+    }
+
+    fn has_voice(&self, language: &str) -> bool {
+        self.voices.lock().expect("voices").contains_key(language)
     }
 }
 
@@ -57,11 +83,12 @@ impl Supervisor {
         match refused {
             Ok(v) if v.is_empty() => {}
             Ok(_) => {
-                return Err(SpeechError::Run(format!(
-                    "over budget: speech needs {need} B and would have to evict a language model"
+                return Err(SpeechError::OverBudget(format!(
+                    "speech needs {} and would have to evict a language model",
+                    kazeia_memory_budget::human_bytes(need)
                 )))
             }
-            Err(r) => return Err(SpeechError::Run(format!("over budget: {r}"))),
+            Err(r) => return Err(SpeechError::OverBudget(r.to_string())),
         }
         let before = rss_bytes();
         let stack = Arc::new(SpeechStack::load(self)?);
@@ -71,6 +98,55 @@ impl Supervisor {
         let _ = self.changes.send(());
         *self.speech.lock().expect("speech") = Some(stack.clone());
         Ok(stack)
+    }
+
+    /// The speech role `role` names, if any.
+    pub fn speech_role(&self, role: &str) -> Option<SpeechRole> {
+        match role {
+            "stt" | "vad" => Some(SpeechRole::Stack),
+            r => r
+                .strip_prefix("tts-")
+                .filter(|lang| self.config.speech.voices.contains_key(*lang))
+                .map(|lang| SpeechRole::Voice(lang.to_string())),
+        }
+    }
+
+    /// `load stt|vad|tts-<lang>`. Blocking (a model load): call it off the async workers.
+    pub fn load_speech(&self, role: &SpeechRole) -> Result<(), SpeechError> {
+        let stack = self.speech()?;
+        if let SpeechRole::Voice(lang) = role {
+            stack.voice(self, lang)?;
+            let _ = self.changes.send(());
+        }
+        Ok(())
+    }
+
+    /// `unload stt|vad|tts-<lang>`: Ok(false) if it was not loaded; Err while an audio turn
+    /// holds the stack (its memory would not be freed).
+    pub fn unload_speech(&self, role: &SpeechRole) -> Result<bool, String> {
+        let taken = {
+            let mut slot = self.speech.lock().expect("speech");
+            match (role, slot.as_ref()) {
+                (_, None) => return Ok(false),
+                (SpeechRole::Voice(lang), Some(stack)) => {
+                    let gone = stack.voices.lock().expect("voices").remove(lang).is_some();
+                    if gone {
+                        let _ = self.changes.send(());
+                    }
+                    return Ok(gone);
+                }
+                (SpeechRole::Stack, Some(stack)) if Arc::strong_count(stack) > 1 => {
+                    return Err("the speech models are in use by an audio turn".into())
+                }
+                (SpeechRole::Stack, Some(_)) => slot.take(),
+            }
+        };
+        // ONNX sessions are freed here, outside the lock.
+        drop(taken);
+        super::heap::trim();
+        self.ledger.lock().expect("ledger").remove("speech");
+        let _ = self.changes.send(());
+        Ok(true)
     }
 
     /// Status rows of the speech models (`stt`, `vad`, `tts`): where they run and why.
@@ -110,7 +186,7 @@ impl Supervisor {
             row("vad", self.config.cache_path(&sp.vad).display().to_string(), vad_dev, stt_why, false),
         ];
         for (lang, v) in &sp.voices {
-            rows.push(row(
+            let mut r = row(
                 &format!("tts-{lang}"),
                 v.clone(),
                 None,
@@ -120,7 +196,10 @@ impl Supervisor {
                     "ONNX, loaded on first use".into()
                 }),
                 false,
-            ));
+            );
+            let has = loaded.as_ref().is_some_and(|s| s.has_voice(lang));
+            r.state = if has { ModelState::Loaded } else { ModelState::Unloaded };
+            rows.push(r);
         }
         rows
     }

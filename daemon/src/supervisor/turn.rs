@@ -122,10 +122,18 @@ impl Supervisor {
                 return refuse(ErrorCode::BadRequest, format!("pipeline {name:?} does not take audio"))
             }
             (None, None, false) => return refuse(ErrorCode::BadRequest, "a turn needs text or audio".into()),
-            (Some(t), None, false) if plan.speak && t.trim().is_empty() => {
-                return refuse(ErrorCode::BadRequest, format!("{name} takes `text` with something to say"))
+            // Empty text once generated 218 tokens of whatever the model liked.
+            (Some(t), None, false) if t.trim().is_empty() => {
+                return refuse(ErrorCode::BadRequest, format!("{name} takes `text` with something in it: it is empty"))
             }
             _ => {}
+        }
+        let o = &request.options;
+        if o.max_tokens == Some(0) {
+            return refuse(ErrorCode::BadRequest, "options.max_tokens must be at least 1".into());
+        }
+        if o.temperature.is_some_and(|t| !t.is_finite() || t < 0.0) {
+            return refuse(ErrorCode::BadRequest, "options.temperature must be a number >= 0".into());
         }
         let lease = self.lease(&pipeline.roles())?;
         let cancel = parent.child_token();

@@ -61,6 +61,7 @@ fn bad_config_and_unknown_pipeline_are_error_events() {
     let (code, out, _) = kazeia(&["run", "chat", "--text", "hi", "--json", "--config", missing.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(out.contains("\"code\":\"model_file\"") && out.contains("/nonexistent/m.gguf"), "{out}");
+    assert!(out.contains("tools/fetch-models"), "a missing model says how to get it: {out}");
 }
 
 /// `kazeia run` goes through a supervisor of its own: a model over the budget is refused before
@@ -80,7 +81,8 @@ fn run_refuses_a_load_over_the_budget() {
     assert_eq!(code, 1, "{out}");
     let ev: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert_eq!(ev["code"], "over_budget", "{out}");
-    assert!(ev["message"].as_str().unwrap().contains("needed for thinker"), "{out}");
+    let msg = ev["message"].as_str().unwrap();
+    assert!(msg.contains("needed for thinker") && msg.contains(" MiB") && !msg.contains(" B "), "{out}");
 }
 
 #[test]
@@ -114,9 +116,9 @@ fn run_transcribe_json_gives_a_transcript_event() {
         "{heard:?}"
     );
     assert_eq!(ev["language"], "en");
-    // A missing audio file is a clear error event.
+    // A missing audio file is a clear error event, and a usage error as in `ask`.
     let (code, out, _) = kazeia(&["run", "transcribe", "--audio", "/nonexistent.wav", "--json"]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(out.contains("\"code\":\"bad_request\"") && out.contains("nonexistent.wav"), "{out}");
 }
 
@@ -125,6 +127,7 @@ fn plan_json_reads_headers_only() {
     let (code, out, err) = kazeia(&["plan", "--json"]);
     assert_eq!(code, 0, "{err}");
     let p: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(p["type"], "plan", "tagged like every --json line");
     assert!(p["fits"].as_bool().unwrap());
     let models = p["models"].as_array().unwrap();
     // Thinker and Guard (GGUF), then the speech models (ONNX: stt, and the Piper voice).
@@ -141,4 +144,77 @@ fn plan_json_reads_headers_only() {
     assert_eq!(models[1]["weights_bytes"], 0);
     let sum: u64 = models.iter().map(|m| m["total_bytes"].as_u64().unwrap()).sum();
     assert_eq!(p["total_bytes"].as_u64().unwrap(), sum);
+}
+
+/// `kazeia plan | head -1` and the like: stdout closed before the end. The command stops
+/// quietly with 141 (as a tool killed by SIGPIPE), not a panic (it was exit 101).
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    // A pipe whose reading end is closed before the command starts: its first write fails.
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    unsafe { libc::close(fds[0]) };
+    let write_end = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) };
+    let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+        .args(["plan"])
+        .current_dir(repo())
+        .stdout(write_end)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+}
+
+/// `serve --socket DIR/x.sock`: a directory the daemon did not create keeps its mode (it once
+/// became 0700: `--socket ./engine.sock` locked the current folder); one that other users can
+/// enter is refused unless the config says so; one it creates is 0700; the socket is 0600.
+#[test]
+fn serve_leaves_an_existing_socket_directory_as_it_is() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let tmp = tempfile::tempdir().unwrap();
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = |name: &str, daemon: &str| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, format!("[daemon]\npreload = false\n{daemon}\n")).unwrap();
+        p
+    };
+    let strict = cfg("strict.toml", "");
+    let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+        .args(["serve", "--config", strict.to_str().unwrap(), "--socket"])
+        .arg(shared.join("engine.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("open to other users (mode 0755)") && err.contains("shared_socket_dir"), "{err}");
+    assert_eq!(mode(&shared), 0o755);
+
+    // Allowed by the config: served, the directory untouched, the socket private.
+    let allowed = cfg("allowed.toml", "shared_socket_dir = true");
+    let sock = shared.join("engine.sock");
+    let (mut child, log) = crate::common::spawn(&allowed, &sock);
+    crate::common::wait_until(
+        "listening",
+        || log.lock().unwrap().contains("listening on"),
+        || log.lock().unwrap().clone(),
+    );
+    assert_eq!((mode(&shared), mode(&sock)), (0o755, 0o600));
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // A directory it creates (two levels) is private.
+    let made = tmp.path().join("new/run");
+    let (mut child, log) = crate::common::spawn(&strict, &made.join("engine.sock"));
+    crate::common::wait_until(
+        "listening",
+        || log.lock().unwrap().contains("listening on"),
+        || log.lock().unwrap().clone(),
+    );
+    assert_eq!((mode(&made), mode(&made.join("engine.sock"))), (0o700, 0o600));
+    let _ = child.kill();
+    let _ = child.wait();
 }

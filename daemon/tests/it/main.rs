@@ -2,6 +2,7 @@
 //! `kazeia` binary, its socket, its CLI, D-Bus, service files, faults, the soak, audio turns.
 //! Daemons started by these tests take turns (`common::Daemon` holds a process-wide lock).
 
+mod ask;
 mod cli;
 mod common;
 #[cfg(feature = "dbus")]

@@ -1,4 +1,5 @@
-//! `load` and `unload` of a model role, with progress events on the request's id.
+//! `load` and `unload` of a model role, with progress events on the request's id. The speech
+//! roles that `status` lists (`stt`, `vad`, `tts-<lang>`) load and unload here too.
 
 use kazeia_ipc::{ErrorCode, Event};
 
@@ -7,6 +8,16 @@ use super::Conn;
 pub fn load(c: &mut Conn, id: String, role: String) {
     let (sup, out) = (c.sup.clone(), c.out.clone());
     c.tasks.spawn(async move {
+        if let Some(speech) = sup.speech_role(&role) {
+            // An ONNX load blocks for seconds: off the async workers.
+            let s = sup.clone();
+            match tokio::task::spawn_blocking(move || s.load_speech(&speech)).await {
+                Ok(Ok(())) => out.send(&Event::Loaded { id: Some(id), role }),
+                Ok(Err(e)) => out.error(Some(id), e.code(), e.to_string()),
+                Err(e) => out.error(Some(id), ErrorCode::Engine, format!("load task: {e}")),
+            }
+            return;
+        }
         let progress = crate::turns::progress(out.output(), &id, &role);
         match sup.ensure_loaded(&role, progress).await {
             Ok(()) => out.send(&Event::Loaded { id: Some(id), role }),
@@ -18,7 +29,18 @@ pub fn load(c: &mut Conn, id: String, role: String) {
 pub fn unload(c: &mut Conn, id: String, role: String) {
     let (sup, out) = (c.sup.clone(), c.out.clone());
     c.tasks.spawn(async move {
-        if sup.unload(&role).await {
+        let unloaded = match sup.speech_role(&role) {
+            Some(speech) => {
+                let s = sup.clone();
+                match tokio::task::spawn_blocking(move || s.unload_speech(&speech)).await {
+                    Ok(Ok(done)) => done,
+                    Ok(Err(busy)) => return out.error(Some(id), ErrorCode::Busy, busy),
+                    Err(e) => return out.error(Some(id), ErrorCode::Engine, format!("unload task: {e}")),
+                }
+            }
+            None => sup.unload(&role).await,
+        };
+        if unloaded {
             out.send(&Event::Unloaded { id: Some(id), role });
         } else {
             let msg = format!("role {role:?} is not loaded");

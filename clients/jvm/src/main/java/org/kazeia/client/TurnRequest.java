@@ -24,9 +24,9 @@ public final class TurnRequest {
         this.channels = channels;
     }
 
-    /** A chat turn. */
+    /** A turn on the daemon's default pipeline, {@code guarded-chat}: the Guard checks both ways. */
     public static TurnRequest text(String text) {
-        return text("chat", text);
+        return text("guarded-chat", text);
     }
 
     /** A text turn on {@code pipeline} (chat, guarded-chat, guard, speak…). */
