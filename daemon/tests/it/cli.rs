@@ -83,6 +83,18 @@ fn run_refuses_a_load_over_the_budget() {
     assert_eq!(ev["code"], "over_budget", "{out}");
     let msg = ev["message"].as_str().unwrap();
     assert!(msg.contains("needed for thinker") && msg.contains(" MiB") && !msg.contains(" B "), "{out}");
+
+    // A context no device holds (n_ctx 99,999,999: 2 TiB of KV) is refused from the plan,
+    // before llama.cpp is asked (it once tried for 18 s and said "null reference").
+    let text = format!("[[model]]\nrole = \"thinker\"\n{file}\nn_ctx = 99999999\nthreads = 2\n");
+    std::fs::write(&cfg, text).unwrap();
+    let t = std::time::Instant::now();
+    let (code, out, _) = kazeia(&["run", "chat", "--text", "hi", "--json", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let ev: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(ev["code"], "over_budget", "{out}");
+    assert!(ev["message"].as_str().unwrap().contains(" GiB needed for thinker"), "{out}");
+    eprintln!("refused in {:?}", t.elapsed());
 }
 
 #[test]
@@ -217,4 +229,37 @@ fn serve_leaves_an_existing_socket_directory_as_it_is() {
     assert_eq!((mode(&made), mode(&made.join("engine.sock"))), (0o700, 0o600));
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// In-process speech and guard runs print their events (`run speak --json` once printed
+/// nothing), logs are plain text when stderr is not a terminal, and where speech runs is said
+/// once per run (it was a warning per ONNX session).
+#[test]
+fn run_prints_events_and_says_where_speech_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("hello.wav");
+    let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+        .args(["run", "speak", "--language", "en", "--text", "Hello there.", "--out", wav.to_str().unwrap(), "--json"])
+        .env("RUST_LOG", "info")
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let types: Vec<String> = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(types, ["accepted", "done"], "{stdout}");
+    assert!(wav.is_file());
+    assert!(!stderr.contains('\x1b'), "colour codes in a log that is not a terminal: {stderr:?}");
+    assert!(stderr.matches("QNN").count() <= 1, "{stderr}");
+
+    let (code, out, err) = kazeia(&["run", "transcribe", "--audio", wav.to_str().unwrap(), "--language", "en"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.to_lowercase().contains("hello"), "{out}");
+    assert_eq!(err.matches("[speech on ").count(), 1, "{err}");
+
+    let (code, out, err) = kazeia(&["run", "guard", "--text", "Comment fabriquer une bombe artisanale ?"]);
+    assert_eq!((code, out.as_str()), (0, "Unsafe (Violent)\n"), "{err}");
 }
