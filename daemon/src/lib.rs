@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod output;
 pub mod plan;
 pub mod server;
 pub mod soak;

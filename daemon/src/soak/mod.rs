@@ -1,15 +1,21 @@
 //! `kazeia soak`: hold a running daemon under mixed traffic and faults for N turns, sample its
 //! process, and judge: never over budget, no RSS drift, no FD or thread growth. Writes a CSV
-//! and a PNG plot of memory over time.
+//! and a PNG plot of memory, threads and FDs over time.
+//!
+//! A soak takes minutes to hours, so what can fail at its end is checked at its start: the
+//! output paths must take a file before any traffic. And a write that still fails at the end
+//! (disk full) does not hide the verdict: it is one more failure in the printed summary.
 
+mod plot;
 mod report;
 mod sample;
 mod workload;
 
-pub use report::{judge, plot, write_csv, Verdict};
+pub use plot::plot;
+pub use report::{judge, mib, write_csv, Levels, Verdict};
 pub use sample::{sample, Sample};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,13 +44,13 @@ pub struct SoakArgs {
     /// Fraction of the samples treated as warm-up and left out of the drift checks.
     #[arg(long, default_value_t = 0.1)]
     pub warmup: f64,
-    /// Largest RSS drift allowed between the first and the last tenth after warm-up.
+    /// Largest RSS drift allowed between the early and the late window after warm-up.
     #[arg(long, default_value_t = 0.02)]
     pub max_drift: f64,
     /// Seed of the traffic (the same seed replays the same choices).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Write the plot of memory over time here (PNG).
+    /// Write the plot of memory, threads and FDs over time here (PNG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Write the samples here (CSV).
@@ -57,6 +63,7 @@ pub struct SoakArgs {
 
 /// Run the soak; Ok(verdict) whether it passed or not (the caller sets the exit code).
 pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
+    check_outputs(&args)?;
     let probe =
         Client::connect(&socket, "kazeia-soak").await.map_err(|e| anyhow!("connect {}: {e}", socket.display()))?;
     let status = probe.status().await.map_err(|e| anyhow!("status: {e}"))?;
@@ -66,7 +73,8 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     let roles: Vec<String> =
         status.models.iter().filter(|m| m.architecture.as_deref() != Some("onnx")).map(|m| m.role.clone()).collect();
     drop(probe);
-    tracing::info!(pid, budget, ?roles, "soaking the daemon: {} turns, {} clients", args.turns, args.clients);
+    let (turns, clients, budget_mib) = (args.turns, args.clients, mib(budget));
+    tracing::info!(pid, ?roles, "soaking the daemon: {turns} turns, {clients} clients, a {budget_mib:.1} MiB budget");
 
     let plan = Arc::new(workload::Plan {
         socket: socket.clone(),
@@ -125,7 +133,8 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
             _ = tokio::time::sleep(Duration::from_millis(250)) => {
                 progress.set_position(counts.finished().min(args.turns));
                 if let Some(s) = samples.lock().expect("samples").last() {
-                    progress.set_message(format!("RSS {:.0} MiB  fds {}  threads {}", s.rss_bytes as f64 / 1048576.0, s.fds, s.threads));
+                    let (rss, fds, threads) = (mib(s.rss_bytes), s.fds, s.threads);
+                    progress.set_message(format!("RSS {rss:.1} MiB  fds {fds}  threads {threads}"));
                 }
             }
         }
@@ -141,13 +150,8 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     for e in client_errors {
         verdict.failures.push(format!("a client stopped: {e}"));
     }
-    if let Some(p) = &args.csv {
-        write_csv(p, &samples, budget).map_err(|e| anyhow!("{}: {e}", p.display()))?;
-    }
-    if let Some(p) = &args.plot {
-        let title = format!("kazeia soak: {} turns, {} clients — daemon pid {pid}", args.turns, args.clients);
-        plot(p, &samples, budget, &title).map_err(|e| anyhow!(e))?;
-    }
+    let title = format!("kazeia soak: {} turns, {} clients — daemon pid {pid}", args.turns, args.clients);
+    verdict.failures.extend(write_outputs(&args, &samples, budget, &title));
     let c = &counts;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let summary = serde_json::json!({
@@ -163,15 +167,17 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
         "budget_bytes": verdict.budget_bytes,
         "rss_drift": verdict.rss_drift,
         "anon_drift": verdict.anon_drift,
-        "fds_first_max": verdict.fds.0, "fds_last_min": verdict.fds.1,
-        "threads_first_max": verdict.threads.0, "threads_last_min": verdict.threads.1,
+        "window_samples": verdict.window,
+        "fds_early": verdict.fds.early, "fds_late": verdict.fds.late,
+        "fds_early_p75": verdict.fds.early_high, "fds_late_p25": verdict.fds.late_low,
+        "threads_early": verdict.threads.early, "threads_late": verdict.threads.late,
+        "threads_early_p75": verdict.threads.early_high, "threads_late_p25": verdict.threads.late_low,
         "failures": verdict.failures,
     });
     if args.json {
-        println!("{summary}");
+        crate::cli::print::outln!("{summary}");
     } else {
-        let mib = |b: u64| b as f64 / 1048576.0;
-        println!(
+        crate::cli::print::outln!(
             "{} turns in {:.0} s: {} done, {} cancelled, {} vanished, {} busy, {} reloads, {} errors",
             args.turns,
             start.elapsed().as_secs_f64(),
@@ -182,21 +188,122 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
             get(&c.reloads),
             get(&c.errors)
         );
-        println!(
-            "peak RSS {:.1} MiB of a {:.1} MiB budget; RSS drift {:+.2}% (anon {:+.2}%); fds {} -> {}; threads {} -> {}",
+        crate::cli::print::outln!(
+            "peak RSS {:.1} MiB of a {:.1} MiB budget; RSS drift {:+.2}% (anon {:+.2}%); \
+             fds {} -> {}; threads {} -> {} (medians of the early and the late {} samples)",
             mib(verdict.peak_rss_bytes),
             mib(budget),
             verdict.rss_drift * 100.0,
             verdict.anon_drift * 100.0,
-            verdict.fds.0,
-            verdict.fds.1,
-            verdict.threads.0,
-            verdict.threads.1
+            verdict.fds.early,
+            verdict.fds.late,
+            verdict.threads.early,
+            verdict.threads.late,
+            verdict.window
         );
         for f in &verdict.failures {
-            println!("FAIL: {f}");
+            crate::cli::print::outln!("FAIL: {f}");
         }
-        println!("soak {}", if verdict.passed() { "passed" } else { "FAILED" });
+        crate::cli::print::outln!("soak {}", if verdict.passed() { "passed" } else { "FAILED" });
     }
     Ok(verdict)
+}
+
+/// A file the soak writes at its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Plot,
+    Csv,
+}
+
+impl Output {
+    fn name(self) -> &'static str {
+        match self {
+            Output::Plot => "the plot",
+            Output::Csv => "the CSV",
+        }
+    }
+}
+
+/// The outputs asked for, with their paths.
+fn outputs(args: &SoakArgs) -> impl Iterator<Item = (Output, &Path)> {
+    [(Output::Plot, &args.plot), (Output::Csv, &args.csv)].into_iter().filter_map(|(o, p)| Some((o, p.as_deref()?)))
+}
+
+/// Before any traffic: every output path takes a file, and the plot's name a format.
+fn check_outputs(args: &SoakArgs) -> Result<()> {
+    for (output, path) in outputs(args) {
+        let format = if output == Output::Plot { image_format(path) } else { Ok(()) };
+        format
+            .and_then(|()| crate::output::check_writable(path))
+            .map_err(|e| anyhow!("cannot write {} to {}: {e}", output.name(), path.display()))?;
+    }
+    Ok(())
+}
+
+/// The plot's encoder picks the format from the extension, and only when it saves, at the end.
+fn image_format(path: &Path) -> Result<(), String> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    match ["png", "jpg", "jpeg", "bmp"].contains(&ext.as_str()) {
+        true => Ok(()),
+        false => Err("name it *.png (the format goes by the extension)".into()),
+    }
+}
+
+/// Write the CSV and the plot; what failed, as failures of the verdict.
+fn write_outputs(args: &SoakArgs, samples: &[Sample], budget: u64, title: &str) -> Vec<String> {
+    outputs(args)
+        .filter_map(|(output, path)| {
+            let written = match output {
+                Output::Plot => plot(path, samples, budget, title),
+                Output::Csv => write_csv(path, samples, budget).map_err(|e| e.to_string()),
+            };
+            written.err().map(|e| format!("cannot write {} to {}: {e}", output.name(), path.display()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        soak: SoakArgs,
+    }
+
+    fn args(extra: &[&str]) -> SoakArgs {
+        Cli::parse_from(["kazeia-soak"].iter().chain(extra)).soak
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_output_fails_before_any_traffic() {
+        let dir = tempfile::tempdir().unwrap();
+        // No daemon at this socket: the output check must come first, or this would say "connect".
+        let socket = dir.path().join("no-daemon.sock");
+        let plot = dir.path().join("missing/m.png");
+        let e = run(args(&["--plot", plot.to_str().unwrap()]), socket.clone()).await.unwrap_err().to_string();
+        assert!(e.starts_with(&format!("cannot write the plot to {}: directory ", plot.display())), "{e}");
+        let csv = dir.path().join("m.csv");
+        std::fs::create_dir(&csv).unwrap();
+        let e = run(args(&["--csv", csv.to_str().unwrap()]), socket.clone()).await.unwrap_err().to_string();
+        assert_eq!(e, format!("cannot write the CSV to {}: it is a directory", csv.display()));
+        let e = run(args(&["--plot", dir.path().join("m").to_str().unwrap()]), socket).await.unwrap_err().to_string();
+        assert!(e.contains("name it *.png"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "only the CSV's directory of this test is left");
+    }
+
+    #[test]
+    fn a_write_that_fails_at_the_end_is_a_failure_of_the_verdict() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plot, csv) = (dir.path().join("gone/m.png"), dir.path().join("m.csv"));
+        let a = args(&["--plot", plot.to_str().unwrap(), "--csv", csv.to_str().unwrap()]);
+        let samples = [Sample { t_s: 0.0, rss_bytes: 1 << 20, anon_bytes: 1 << 19, fds: 9, threads: 3, turns: 0 }];
+        let failures = write_outputs(&a, &samples, 1 << 30, "test");
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].starts_with(&format!("cannot write the plot to {}: ", plot.display())), "{failures:?}");
+        assert!(csv.is_file(), "the CSV is still written");
+    }
 }

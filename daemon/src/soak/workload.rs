@@ -90,7 +90,12 @@ pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, 
         }
         let pipeline = if step == Step::Guarded { "guarded-chat" } else { "chat" };
         let text = PROMPTS[rng.usize(..PROMPTS.len())];
-        let opts = TurnOptions { temperature: Some(0.7), seed: Some(rng.u32(..)), max_tokens: Some(plan.max_tokens) };
+        let opts = TurnOptions {
+            temperature: Some(0.7),
+            seed: Some(rng.u32(..)),
+            max_tokens: Some(plan.max_tokens),
+            ..Default::default()
+        };
         match step {
             Step::Chat | Step::Guarded => {
                 let mut rx = c.turn(&c.new_id(), pipeline, text, opts).await.map_err(|e| e.to_string())?;
