@@ -56,6 +56,14 @@ pub struct ModelConfig {
     /// Models whose template has a think block: false appends the empty block that turns it off.
     #[serde(default)]
     pub thinking: bool,
+    /// Most tokens of reasoning per turn before the engine closes the think block itself;
+    /// 0 turns thinking off; unset: the turn's `max_tokens`. A turn's `options.thinking_budget`
+    /// overrides it.
+    #[serde(default)]
+    pub thinking_budget: Option<u32>,
+    /// A chat template replacing the one stored in the model file.
+    #[serde(default)]
+    pub chat_template: Option<String>,
     #[serde(default)]
     pub flash_attn: FlashAttn,
     /// Sequences the context keeps cached side by side (a guard: 2, input and output checks).
@@ -115,6 +123,8 @@ impl ModelConfig {
             backend: self.backend,
             mmap: self.mmap,
             thinking: self.thinking,
+            thinking_budget: self.thinking_budget,
+            chat_template: self.chat_template.clone(),
             flash_attn: self.flash_attn,
             cache_slots: self.cache_slots,
             sampling: self.sampling.clone(),

@@ -29,6 +29,9 @@ pub struct GenerateOptions {
     pub max_tokens: Option<u32>,
     /// Keep generating past end-of-generation tokens (benchmarks need a fixed length).
     pub ignore_eos: bool,
+    /// Most tokens the model may spend in its `<think>` block before the engine closes it; 0
+    /// turns thinking off. None: the role's `thinking_budget`.
+    pub thinking_budget: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -99,7 +102,13 @@ pub enum GenEvent {
         total: u32,
         at: Instant,
     },
+    /// A piece of the answer.
     Token {
+        text: String,
+        at: Instant,
+    },
+    /// A piece of the model's reasoning (`<think>…</think>`): never part of the answer.
+    Thinking {
         text: String,
         at: Instant,
     },

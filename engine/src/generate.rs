@@ -5,6 +5,14 @@
 //!
 //! Cancellation is checked between prefill chunks and before every decode step, so a cancel
 //! lands within one chunk or one token (llama.cpp has no safe way to abort a running decode).
+//!
+//! Thinking (templates with a `<think>` block): the engine opens the block, routes the
+//! reasoning to `GenEvent::Thinking` (never `Token`), closes the block itself when the budget
+//! runs out, and afterwards rewinds the sequence to the end of the conversation and decodes the
+//! answer alone, so that the cache holds what the next turn's prompt will (Qwen-style templates
+//! drop earlier reasoning). Hybrid models (Qwen3.5's DeltaNet layers) cannot cut their state
+//! back: their recurrent state is saved where the conversation ends (`PARTIAL_ONLY`, llama.cpp's
+//! per-sequence state, as llama-server's checkpoints) and restored before the cut.
 
 use std::time::Instant;
 
@@ -13,6 +21,7 @@ use kazeia_ipc::{Metrics, StopReason};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::{LlamaStateSeqFlags, SeqState};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -22,11 +31,17 @@ use crate::model::SharedModel;
 use crate::params::RoleParams;
 use crate::prompt;
 use crate::sampler::{self, SamplingPlan};
+use crate::think::{self, Piece, ThinkFilter};
 
-/// The tokens whose KV the context holds, per sequence (cache slot), in order.
+/// The tokens whose KV the context holds, per sequence (cache slot), in order; and per
+/// sequence at most one checkpoint: the recurrent state (hybrid models) after its first `pos`
+/// tokens, where a later prompt that differs beyond `pos` can rewind to (their state cannot be
+/// cut back otherwise). Taken where a reasoning turn's conversation ended: the next turn's
+/// prompt re-renders the answer, and differs from the sampled tokens as often as not.
 #[derive(Default)]
 pub struct Cache {
     seqs: Vec<Vec<LlamaToken>>,
+    checkpoints: Vec<Option<(usize, SeqState)>>,
 }
 
 impl Cache {
@@ -35,6 +50,21 @@ impl Cache {
             self.seqs.resize_with(s + 1, Vec::new);
         }
         &mut self.seqs[s]
+    }
+
+    fn checkpoint(&mut self, s: usize) -> &mut Option<(usize, SeqState)> {
+        if self.checkpoints.len() <= s {
+            self.checkpoints.resize_with(s + 1, || None);
+        }
+        &mut self.checkpoints[s]
+    }
+
+    /// The sequence now holds only its first `len` tokens: a checkpoint past them is stale.
+    fn truncate(&mut self, s: usize, len: usize) {
+        self.seq(s).truncate(len);
+        if self.checkpoint(s).as_ref().is_some_and(|(pos, _)| *pos > len) {
+            *self.checkpoint(s) = None;
+        }
     }
 }
 
@@ -104,18 +134,32 @@ impl Compute {
 }
 
 impl Run<'_, '_> {
-    fn tokenize(&self, messages: &[ChatMessage], answer_prefix: &str) -> Result<Vec<LlamaToken>, GenerateError> {
-        let mut text = prompt::build(self.model, messages, self.cfg.thinking)?;
-        text.push_str(answer_prefix);
-        let tokens = self.model.model.vocab().tokenize(text.as_bytes(), true, true);
+    /// The prompt's tokens, and how many of them are the conversation (the rest open the think
+    /// block).
+    fn tokenize(
+        &self,
+        messages: &[ChatMessage],
+        answer_prefix: &str,
+        thinking: bool,
+    ) -> Result<(Vec<LlamaToken>, usize), GenerateError> {
+        let p = prompt::build(
+            self.model,
+            self.cfg.chat_template.as_deref(),
+            messages,
+            thinking && answer_prefix.is_empty(),
+        )?;
+        let vocab = self.model.model.vocab();
+        let mut tokens = vocab.tokenize(format!("{}{answer_prefix}", p.base).as_bytes(), true, true);
+        let base = tokens.len();
+        tokens.extend(vocab.tokenize(p.open.as_bytes(), false, true));
         let n_ctx = self.ctx.n_ctx();
-        if tokens.is_empty() {
+        if base == 0 {
             return Err(GenerateError::Prompt("the prompt is empty".into()));
         }
         if tokens.len() >= n_ctx as usize {
             return Err(GenerateError::ContextOverflow { role: self.cfg.role.clone(), prompt: tokens.len(), n_ctx });
         }
-        Ok(tokens)
+        Ok((tokens, base))
     }
 
     /// Bring the context to `tokens`: keep the common prefix, drop the rest, decode the new part
@@ -135,11 +179,17 @@ impl Run<'_, '_> {
         if keep < cached.len() {
             let removed = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(keep as u32), None).unwrap_or(false);
             if !removed {
-                // Recurrent state (e.g. Qwen3.5's DeltaNet layers) cannot be cut back: start over.
-                self.reset();
-                keep = 0;
+                // Recurrent state (e.g. Qwen3.5's DeltaNet layers) cannot be cut back: back to
+                // the checkpoint if one is before the difference, else start over.
+                keep = match self.rewind_to_checkpoint(keep) {
+                    Some(pos) => pos,
+                    None => {
+                        self.reset();
+                        0
+                    }
+                };
             }
-            self.cache.seq(seq as usize).truncate(keep);
+            self.cache.truncate(seq as usize, keep);
         }
         let chunk = (self.cfg.prefill_chunk.min(self.ctx.n_batch()) as usize).max(1);
         let mut batch = LlamaBatch::new(chunk, 1);
@@ -192,14 +242,27 @@ impl Run<'_, '_> {
         Ok(())
     }
 
+    /// Restore this sequence's checkpoint if it is at or before `limit` tokens, and drop the
+    /// KV after it; the position it is at.
+    fn rewind_to_checkpoint(&mut self, limit: usize) -> Option<usize> {
+        let seq = self.seq;
+        let (pos, state) = self.cache.checkpoint(seq as usize).as_ref().filter(|(pos, _)| *pos <= limit)?;
+        let pos = *pos;
+        let ok = self.ctx.state_seq_set(state, seq).is_ok()
+            && self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None).unwrap_or(false);
+        ok.then_some(pos)
+    }
+
     /// Forget this sequence (after a failed decode its KV state is unknown).
     fn reset(&mut self) {
         let seq = self.seq;
         if !self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).unwrap_or(false) {
             self.ctx.clear_kv_cache();
             self.cache.seqs.clear();
+            self.cache.checkpoints.clear();
         }
         self.cache.seq(seq as usize).clear();
+        *self.cache.checkpoint(seq as usize) = None;
     }
 }
 
@@ -232,12 +295,39 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let opts = &job.request.options;
     // A vanished listener is a cancel: nobody would read what we produce.
     let cancelled = || job.cancel.is_cancelled() || job.events.is_closed();
-    let tokens = run.tokenize(&job.request.messages, &job.request.answer_prefix)?;
+    let max_new = opts.max_tokens.unwrap_or(run.cfg.sampling.max_tokens);
+    let budget = opts.thinking_budget.or(run.cfg.thinking_budget);
+    let thinking = match budget {
+        Some(0) => false,
+        Some(_) => true,
+        None => run.cfg.thinking,
+    };
+    // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
+    let budget = budget.unwrap_or(max_new).max(1);
+    let (tokens, base) = run.tokenize(&job.request.messages, &job.request.answer_prefix, thinking)?;
     let total = tokens.len() as u32;
     let n_ctx = run.ctx.n_ctx();
     let mut metrics = Metrics { prompt_tokens: total, ..Metrics::default() };
 
-    let pre = run.prefill(&tokens, &cancelled, Some(&job.events))?;
+    // The conversation, then (when the engine opens a think block) the state where it ends,
+    // then the opening.
+    let opened = base < tokens.len();
+    let mut pre = run.prefill(&tokens[..base], &cancelled, Some(&job.events))?;
+    let mut rewind = Rewind { at: base, saved: None };
+    if opened && !pre.cancelled {
+        let m = &run.model.model;
+        if m.is_recurrent() || m.is_hybrid() {
+            rewind.saved = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY).ok();
+        }
+        let more = run.prefill(&tokens, &cancelled, Some(&job.events))?;
+        pre = Prefilled {
+            decoded: pre.decoded + more.decoded,
+            cached: pre.cached,
+            logits_idx: more.logits_idx,
+            cancelled: more.cancelled,
+            secs: pre.secs + more.secs,
+        };
+    }
     metrics.cached_tokens = pre.cached;
     let summary = |stop, mut metrics: Metrics, pre: &Prefilled| {
         if metrics.ttft_ms == 0.0 {
@@ -256,41 +346,80 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
         seed: opts.seed.unwrap_or(run.cfg.sampling.seed),
     };
     let mut sampler = sampler::build(&plan, run.model.model.n_vocab());
-    let max_new = opts.max_tokens.unwrap_or(run.cfg.sampling.max_tokens);
     let room = n_ctx - total;
     let vocab = run.model.model.vocab();
     let mut decoder = encoding_rs::UTF_8.new_decoder();
     let mut batch = LlamaBatch::new(1, 1);
     let mut logits_idx = pre.logits_idx;
-    let mut generated = 0u32;
-    let mut decoded = 0u32;
+    let mut filter = ThinkFilter::new(opened);
+    let mut thought = Thought::default();
+    // Tokens of the answer, for the rewind; `used`: context cells taken since the prompt.
+    let mut answer: Vec<LlamaToken> = Vec::new();
+    let (mut generated, mut used, mut decoded) = (0u32, 0u32, 0u32);
     let mut first_at: Option<Instant> = None;
     let t_gen = Instant::now();
+    let send = |pieces: Vec<Piece>, thought: &mut Thought, first_at: &mut Option<Instant>, metrics: &mut Metrics| {
+        for p in pieces {
+            let now = Instant::now();
+            if first_at.is_none() {
+                *first_at = Some(now);
+                metrics.ttft_ms = (now - start).as_secs_f64() * 1e3;
+            }
+            let ev = match p {
+                Piece::Thinking(text) => {
+                    thought.started.get_or_insert(now);
+                    GenEvent::Thinking { text, at: now }
+                }
+                Piece::Answer(text) => {
+                    if metrics.ttfa_ms.is_none() {
+                        metrics.ttfa_ms = Some((now - start).as_secs_f64() * 1e3);
+                        thought.ended.get_or_insert(now);
+                    }
+                    GenEvent::Token { text, at: now }
+                }
+            };
+            let _ = job.events.send(ev);
+        }
+    };
 
     let stop = loop {
         if cancelled() {
             break StopReason::Cancelled;
         }
         let token = sampler.sample(run.ctx, logits_idx);
-        if vocab.is_eog(token) && !opts.ignore_eos {
+        // The end of generation inside the think block ends the reasoning, not the turn: the
+        // engine closes the block and the answer follows (a turn never ends on a thought).
+        let eog = vocab.is_eog(token) && !opts.ignore_eos;
+        if eog && filter.state() == think::State::Thinking {
+            if !close_thinking(run, &mut batch, &mut used, room)? {
+                break StopReason::ContextFull;
+            }
+            send(filter.push(think::FORCED_CLOSE), &mut thought, &mut first_at, &mut metrics);
+            logits_idx = 0;
+            continue;
+        }
+        if eog {
             break StopReason::Eos;
         }
         generated += 1;
+        used += 1;
+        let was = filter.state();
         let bytes = vocab.token_to_piece(token, false, None);
         let mut piece = String::with_capacity(bytes.len() + 4);
         let _ = decoder.decode_to_string(&bytes, &mut piece, false);
-        if !piece.is_empty() {
-            let now = Instant::now();
-            if first_at.is_none() {
-                first_at = Some(now);
-                metrics.ttft_ms = (now - start).as_secs_f64() * 1e3;
-            }
-            let _ = job.events.send(GenEvent::Token { text: piece, at: now });
+        let pieces = filter.push(&piece);
+        if was == think::State::Thinking || filter.state() == think::State::Thinking {
+            thought.tokens += 1;
         }
-        if generated >= max_new {
+        if pieces.iter().any(|p| matches!(p, Piece::Answer(_))) || (!answer.is_empty()) {
+            answer.push(token);
+        }
+        send(pieces, &mut thought, &mut first_at, &mut metrics);
+        let answering = filter.state() != think::State::Thinking;
+        if answering && generated - thought.tokens >= max_new {
             break StopReason::Length;
         }
-        if generated >= room {
+        if used >= room {
             break StopReason::ContextFull;
         }
         if cancelled() {
@@ -300,18 +429,96 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
         run.step(&mut batch, token)?;
         decoded += 1;
         logits_idx = 0;
+        // Out of budget while still thinking: the engine writes the end of the block itself,
+        // and the answer follows from there.
+        if filter.state() == think::State::Thinking && thought.tokens >= budget {
+            if !close_thinking(run, &mut batch, &mut used, room)? {
+                break StopReason::ContextFull;
+            }
+            send(filter.push(think::FORCED_CLOSE), &mut thought, &mut first_at, &mut metrics);
+        }
     };
-    // Bytes of an incomplete UTF-8 sequence at the very end.
+    // Bytes of an incomplete UTF-8 sequence at the very end, and what the filter held back.
     let mut tail = String::new();
     let _ = decoder.decode_to_string(&[], &mut tail, true);
-    if !tail.is_empty() {
-        let _ = job.events.send(GenEvent::Token { text: tail, at: Instant::now() });
-    }
+    let mut pieces = filter.push(&tail);
+    pieces.extend(filter.finish());
+    send(pieces, &mut thought, &mut first_at, &mut metrics);
     let gen_s = t_gen.elapsed().as_secs_f64();
     metrics.generated_tokens = generated;
     // Steady-state decode speed: decode steps over the whole sampling+decode loop time.
     metrics.decode_tok_s = if decoded > 0 { f64::from(decoded) / gen_s.max(1e-9) } else { 0.0 };
+    match thought.started {
+        None => metrics.ttfa_ms = None,
+        Some(t0) => {
+            metrics.thinking_tokens = Some(thought.tokens);
+            metrics.thinking_ms = Some((thought.ended.unwrap_or_else(Instant::now) - t0).as_secs_f64() * 1e3);
+            rewind.apply(run, &tokens[..base], &answer);
+        }
+    }
     summary(stop, metrics, &pre)
+}
+
+/// Decode the end of the think block (the template's own text, as tokens) into the sequence;
+/// false when the context has no room for it.
+fn close_thinking(
+    run: &mut Run<'_, '_>,
+    batch: &mut LlamaBatch,
+    used: &mut u32,
+    room: u32,
+) -> Result<bool, GenerateError> {
+    let close = run.model.model.vocab().tokenize(think::FORCED_CLOSE.as_bytes(), false, true);
+    if *used + close.len() as u32 >= room {
+        return Ok(false);
+    }
+    for &t in &close {
+        run.step(batch, t)?;
+        *used += 1;
+    }
+    Ok(true)
+}
+
+/// The reasoning of one request: how many tokens, when.
+#[derive(Default)]
+struct Thought {
+    tokens: u32,
+    started: Option<Instant>,
+    ended: Option<Instant>,
+}
+
+/// Where the conversation ended in the sequence, and (hybrid models) the recurrent state there.
+struct Rewind {
+    at: usize,
+    saved: Option<SeqState>,
+}
+
+impl Rewind {
+    /// Drop the reasoning from the sequence: back to the end of the conversation, then the
+    /// answer alone, which is what the next turn's prompt holds. Any failure only costs the
+    /// next turn a longer prefill (the cache then says what the KV really holds).
+    fn apply(self, run: &mut Run<'_, '_>, conversation: &[LlamaToken], answer: &[LlamaToken]) {
+        let seq = run.seq;
+        if let Some(state) = self.saved {
+            // Kept as the sequence's checkpoint: if the next prompt renders the answer other
+            // than as sampled, it still rewinds to the end of this conversation.
+            *run.cache.checkpoint(seq as usize) = Some((self.at, state));
+        }
+        let cut = run.ctx.clear_kv_cache_seq(Some(seq as u32), Some(self.at as u32), None).unwrap_or(false)
+            || run.rewind_to_checkpoint(self.at) == Some(self.at);
+        if !cut {
+            tracing::debug!(role = %run.cfg.role, "cannot rewind past the reasoning: the next turn prefills again");
+            run.reset();
+            return;
+        }
+        run.cache.truncate(seq as usize, self.at);
+        if answer.is_empty() {
+            return;
+        }
+        let whole: Vec<LlamaToken> = conversation.iter().chain(answer).copied().collect();
+        if let Err(e) = run.prefill(&whole, &|| false, None) {
+            tracing::debug!(role = %run.cfg.role, "re-decoding the answer after the reasoning: {e}");
+        }
+    }
 }
 
 /// Run a classification job. Always answers once.
@@ -344,7 +551,7 @@ fn classify(
     if req.labels.is_empty() {
         return Err(GenerateError::Prompt("no labels to choose from".into()));
     }
-    let tokens = run.tokenize(&req.messages, &req.answer_prefix)?;
+    let (tokens, _) = run.tokenize(&req.messages, &req.answer_prefix, false)?;
     let cancelled = || cancel.is_cancelled();
     if !req.reuse_cache {
         run.reset();

@@ -14,6 +14,7 @@ mod model;
 pub mod params;
 mod prompt;
 mod sampler;
+pub mod think;
 mod worker;
 
 use std::collections::HashMap;

@@ -60,6 +60,12 @@ pub struct RoleParams {
     pub mmap: bool,
     /// Templates with a think block: false appends the empty block that turns thinking off.
     pub thinking: bool,
+    /// Most tokens of reasoning per request before the engine closes the block (None: the
+    /// request's `max_tokens`); 0 turns thinking off.
+    pub thinking_budget: Option<u32>,
+    /// A chat template replacing the one in the model file (llama.cpp renders the formats it
+    /// knows: ChatML, Llama 3, Gemma…).
+    pub chat_template: Option<String>,
     pub flash_attn: FlashAttn,
     /// Sequences cached side by side in one context (they share the n_ctx cells).
     pub cache_slots: u32,

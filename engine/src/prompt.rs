@@ -1,4 +1,12 @@
-//! Turning chat messages into the model's prompt text, with the template stored in the file.
+//! Turning chat messages into the model's prompt text, with the template stored in the file
+//! (or the role's `chat_template`).
+//!
+//! Templates with a think block (Qwen3, Qwen3.5) decide whether the model reasons: off appends
+//! the empty block (`<think>\n\n</think>\n\n`, as the templates do for `enable_thinking =
+//! false`); on opens the block (`<think>\n`), so the engine knows from the first token that
+//! what follows is reasoning, and where the prompt ended before it (the state it rewinds to
+//! so that the cache holds what the next turn's prompt will: earlier turns are re-rendered
+//! without their reasoning).
 
 use crate::api::ChatMessage;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate};
@@ -6,14 +14,28 @@ use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate};
 use crate::error::GenerateError;
 use crate::model::SharedModel;
 
-/// The empty think block that Qwen3/Qwen3.5 templates emit for `enable_thinking = false`:
-/// the model then answers directly instead of reasoning first.
+/// The empty think block that turns thinking off.
 const NO_THINK: &str = "<think>\n\n</think>\n\n";
+/// Opens the block: the model reasons from here.
+pub const OPEN_THINK: &str = "<think>\n";
 
-pub fn build(model: &SharedModel, messages: &[ChatMessage], thinking: bool) -> Result<String, GenerateError> {
-    let Some(template) = &model.template else {
+/// A prompt: the conversation up to the assistant's turn, then what the engine opens it with.
+pub struct Prompt {
+    pub base: String,
+    /// `OPEN_THINK` when the model will reason, else empty.
+    pub open: &'static str,
+}
+
+pub fn build(
+    model: &SharedModel,
+    override_template: Option<&str>,
+    messages: &[ChatMessage],
+    thinking: bool,
+) -> Result<Prompt, GenerateError> {
+    let Some(template) = override_template.or(model.template.as_deref()) else {
         // A base model (no template in the file): plain text, the last message is the prompt.
-        return Ok(messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n"));
+        let base = messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
+        return Ok(Prompt { base, open: "" });
     };
     let tmpl = LlamaChatTemplate::new(template).map_err(|e| GenerateError::Prompt(e.to_string()))?;
     let chat = messages
@@ -21,12 +43,17 @@ pub fn build(model: &SharedModel, messages: &[ChatMessage], thinking: bool) -> R
         .map(|m| LlamaChatMessage::new(m.role.clone(), m.content.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| GenerateError::Prompt(format!("message contains a NUL byte: {e}")))?;
-    let mut prompt = model
+    let mut base = model
         .model
         .apply_chat_template(&tmpl, &chat, true)
         .map_err(|e| GenerateError::Prompt(format!("chat template of {}: {e}", model.path.display())))?;
-    if !thinking && template.contains("<think>") {
-        prompt.push_str(NO_THINK);
+    let mut open = "";
+    if template.contains("<think>") {
+        if thinking {
+            open = OPEN_THINK;
+        } else {
+            base.push_str(NO_THINK);
+        }
     }
-    Ok(prompt)
+    Ok(Prompt { base, open })
 }

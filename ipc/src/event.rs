@@ -27,6 +27,16 @@ pub struct Metrics {
     /// Guarded pipelines: Thinker tokens produced before the input verdict, held until it came.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_held: Option<u32>,
+    /// Turns that reasoned: tokens spent in the think block (part of `generated_tokens`; never
+    /// part of the answer), and the time from its first to the answer's first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_ms: Option<f64>,
+    /// Turns that reasoned: from the start of the turn to the answer's first token (`ttft_ms`
+    /// counts the first token of any kind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttfa_ms: Option<f64>,
 }
 
 /// Why generation ended.
@@ -187,6 +197,14 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         language: Option<String>,
     },
+    /// A piece of the Thinker's reasoning, for a turn that asked for it (`show_thinking`):
+    /// never part of the reply; on guarded pipelines released sentence by sentence after the
+    /// output guard passed it (a `verdict` with stage `thinking` before each).
+    Thinking {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        text: String,
+    },
     /// A piece of generated text, in order; concatenated they are the reply.
     Token {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -274,6 +292,7 @@ impl Event {
             | Event::Status { id, .. }
             | Event::Verdict { id, .. }
             | Event::Sentence { id, .. }
+            | Event::Thinking { id, .. }
             | Event::Transcript { id, .. }
             | Event::Token { id, .. }
             | Event::Done { id, .. }

@@ -23,6 +23,13 @@ pub struct TurnOptions {
     pub seed: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// Most tokens the Thinker may reason before the engine closes its think block (0: no
+    /// reasoning); default the role's `thinking_budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_budget: Option<u32>,
+    /// Send the reasoning as `thinking` events (guarded like the reply on guarded pipelines).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub show_thinking: bool,
 }
 
 /// Audio that the client will stream for a turn, as binary frames carrying the turn's id.
@@ -159,7 +166,7 @@ mod parse_tests {
                     text: Some(text),
                     audio: None,
                     session: None,
-                    options: TurnOptions { temperature, seed, max_tokens },
+                    options: TurnOptions { temperature, seed, max_tokens, ..Default::default() },
                 }),
             id.prop_map(|id| Request::Cancel { id }),
             id.prop_map(|id| Request::Status { id }),

@@ -31,8 +31,14 @@ pub enum PipelineError {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Stage {
-    /// Generate a reply with the model of `role`, streaming tokens.
-    Think { role: String },
+    /// Generate a reply with the model of `role`, streaming tokens. `thinking_budget`: most
+    /// tokens of reasoning in this pipeline (a voice turn wants few), over the role's default;
+    /// a turn's `options.thinking_budget` overrides it.
+    Think {
+        role: String,
+        #[serde(default)]
+        thinking_budget: Option<u32>,
+    },
     /// Check the user's text (`input`) or the reply, sentence by sentence (`output`).
     Guard { role: String, check: crate::guard::Check },
     /// The turn's input is audio: VAD to the end of the utterance, then speech to text. Its
@@ -71,6 +77,8 @@ pub struct Plan {
     pub transcribe: bool,
     pub input_guard: Option<String>,
     pub think: Option<String>,
+    /// The think stage's `thinking_budget`.
+    pub think_budget: Option<u32>,
     pub output_guard: Option<String>,
     /// Audio out: the last stage speaks.
     pub speak: bool,
@@ -88,7 +96,14 @@ impl Pipeline {
     /// [guard output] → [speak], each at most once and in that order.
     pub fn plan(&self) -> Result<Plan, String> {
         use crate::guard::Check;
-        let mut plan = Plan { transcribe: false, input_guard: None, think: None, output_guard: None, speak: false };
+        let mut plan = Plan {
+            transcribe: false,
+            input_guard: None,
+            think: None,
+            think_budget: None,
+            output_guard: None,
+            speak: false,
+        };
         let order = "stages must be: [transcribe] then [guard input] then [think] then [guard output] then [speak], \
                      each at most once";
         let mut stage_no = 0;
@@ -107,7 +122,10 @@ impl Pipeline {
             match s {
                 Stage::Transcribe => plan.transcribe = true,
                 Stage::Guard { role, check: Check::Input } => plan.input_guard = Some(role.clone()),
-                Stage::Think { role } => plan.think = Some(role.clone()),
+                Stage::Think { role, thinking_budget } => {
+                    plan.think = Some(role.clone());
+                    plan.think_budget = *thinking_budget;
+                }
                 Stage::Guard { role, check: Check::Output } => plan.output_guard = Some(role.clone()),
                 Stage::Speak => plan.speak = true,
             }
@@ -122,7 +140,7 @@ impl Pipeline {
     pub fn roles(&self) -> Vec<String> {
         let mut roles: Vec<String> = Vec::new();
         for s in &self.stages {
-            let (Stage::Think { role } | Stage::Guard { role, .. }) = s else { continue };
+            let (Stage::Think { role, .. } | Stage::Guard { role, .. }) = s else { continue };
             if !roles.contains(role) {
                 roles.push(role.clone());
             }
@@ -198,7 +216,7 @@ mod tests {
     fn builtins_parse() {
         let reg = Registry::builtin();
         let chat = reg.get("chat").unwrap();
-        assert_eq!(chat.stages, vec![Stage::Think { role: "thinker".into() }]);
+        assert_eq!(chat.stages, vec![Stage::Think { role: "thinker".into(), thinking_budget: None }]);
         let e = reg.get("nope").unwrap_err().to_string();
         assert!(e.contains("nope") && e.contains("chat"), "{e}");
     }

@@ -7,6 +7,11 @@
 //! only once it passed. A blocking verdict cancels the Thinker at once and the refusal is sent
 //! instead. Guarantee: no Thinker text leaves the runner before both guards passed it; unlike
 //! NeMo Guardrails' `stream_first`, nothing is shown first and checked after.
+//!
+//! Reasoning (`GenEvent::Thinking`) is never answer text: no `token`, `sentence`, speech or
+//! history. A client that asked for it (`show_thinking`) gets `thinking` events, which pass the
+//! output guard sentence by sentence like the reply (verdicts with stage `thinking`), before
+//! any of the reply.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -34,6 +39,8 @@ pub struct TurnInput {
     pub options: GenerateOptions,
     /// Conversation to continue (see [`Sessions`]).
     pub session: Option<String>,
+    /// Send the model's reasoning as `thinking` events (guarded like the reply).
+    pub show_thinking: bool,
 }
 
 /// What a turn runs with.
@@ -106,7 +113,7 @@ pub async fn check(
                     }
                 }
                 GenEvent::Finished(_) => break,
-                GenEvent::Prefill { .. } => {}
+                GenEvent::Prefill { .. } | GenEvent::Thinking { .. } => {}
             }
         }
         categories = parse_categories(&text);
@@ -188,7 +195,9 @@ pub async fn run_turn(
     };
 
     let thinker_cancel = cancel.child_token();
-    let request = GenerateRequest::new(&think_role, messages, input.options.clone());
+    let mut options = input.options.clone();
+    options.thinking_budget = options.thinking_budget.or(plan.think_budget);
+    let request = GenerateRequest::new(&think_role, messages, options);
     let mut thinker: Option<mpsc::UnboundedReceiver<GenEvent>> = None;
     if guard_in.is_none() || pipeline.overlap {
         match llm.generate(request.clone(), thinker_cancel.clone()) {
@@ -212,6 +221,11 @@ pub async fn run_turn(
     let mut first_release: Option<Instant> = None;
     let mut first_sentence_at: Option<Instant> = None;
     let mut summary: Option<GenSummary> = None;
+    // Reasoning the client asked to see: `thought` is the unfinished sentence; `thoughts` whole
+    // units waiting for the input verdict or the output guard (always before any reply text).
+    let mut thought = String::new();
+    let mut thoughts: VecDeque<String> = VecDeque::new();
+    let mut checking_thought = false;
 
     // Release `n` bytes of pending text as token events (splitting a piece at the boundary).
     let release = |n: usize,
@@ -237,10 +251,24 @@ pub async fn run_turn(
     };
 
     loop {
+        // Unguarded output: reasoning held for the input verdict leaves once it passed.
+        if input_passed && output_guard.is_none() {
+            while let Some(text) = thoughts.pop_front() {
+                emit(Event::Thinking { id: id.clone(), text });
+            }
+        }
         // Feed the output guard the next sentence once the input guard passed (not after a
-        // cancel: nothing more will be released).
+        // cancel: nothing more will be released). Reasoning first: it came first.
         if input_passed && out_check.is_none() && !cancel.is_cancelled() {
-            if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
+            if let (Some(role), Some(unit)) = (&output_guard, thoughts.front()) {
+                let (role, user_text, unit) = (role.clone(), input.text.clone(), unit.trim().to_string());
+                let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
+                checking_thought = true;
+                out_check = Some(Box::pin(async move {
+                    check(llm, policy, &role, Check::Output, &user_text, &unit, reuse, c).await
+                }));
+            } else if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
+                checking_thought = false;
                 let reply = format!("{released}{}", &pending_text[..n]);
                 let (role, user_text) = (role.clone(), input.text.clone());
                 let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
@@ -249,8 +277,9 @@ pub async fn run_turn(
                 }));
             }
         }
-        let finished =
-            summary.is_some() && (cancel.is_cancelled() || (input_passed && out_check.is_none() && queued.is_empty()));
+        let finished = summary.is_some()
+            && (cancel.is_cancelled()
+                || (input_passed && out_check.is_none() && queued.is_empty() && thoughts.is_empty()));
         if finished {
             break;
         }
@@ -283,7 +312,26 @@ pub async fn run_turn(
                 }
             }
             ev = async { thinker.as_mut().unwrap().recv().await }, if thinker.is_some() && summary.is_none() => {
+                // The reasoning is over once the answer starts (or the Thinker stops): its last
+                // unfinished sentence is a unit of its own.
+                if matches!(ev, Some(GenEvent::Token { .. } | GenEvent::Finished(_))) && !thought.trim().is_empty() {
+                    thoughts.push_back(std::mem::take(&mut thought));
+                }
                 match ev {
+                    Some(GenEvent::Thinking { text, .. }) => {
+                        if input.show_thinking {
+                            if output_guard.is_some() {
+                                thought.push_str(&text);
+                                while let Some(n) = first_sentence(&thought) {
+                                    thoughts.push_back(thought.drain(..n).collect());
+                                }
+                            } else if input_passed {
+                                emit(Event::Thinking { id: id.clone(), text });
+                            } else {
+                                thoughts.push_back(text);
+                            }
+                        }
+                    }
                     Some(GenEvent::Token { text, .. }) => {
                         if !input_passed {
                             tokens_held += 1;
@@ -323,11 +371,24 @@ pub async fn run_turn(
                     }
                 };
                 guard_out_ms += v.ms;
-                emit(verdict_event(Check::Output, &v));
+                if checking_thought {
+                    let mut e = verdict_event(Check::Output, &v);
+                    if let Event::Verdict { stage, .. } = &mut e {
+                        *stage = "thinking".into();
+                    }
+                    emit(e);
+                } else {
+                    emit(verdict_event(Check::Output, &v));
+                }
                 if policy.blocks(v.label) {
                     thinker_cancel.cancel();
                     let metrics = Metrics { guard_in_ms, guard_out_ms: Some(guard_out_ms), tokens_held: Some(tokens_held), ..Metrics::default() };
                     return refuse(metrics);
+                }
+                if checking_thought {
+                    let text = thoughts.pop_front().expect("a thought was being checked");
+                    emit(Event::Thinking { id: id.clone(), text });
+                    continue;
                 }
                 let end = queued.pop_front().expect("a sentence was being checked");
                 // Offsets of the remaining queued sentences shift by what is released now.

@@ -72,7 +72,7 @@ async fn ours(client: &Client, n: usize, max_tokens: u32) -> Result<Seen> {
             &id,
             "chat",
             &prompt(n),
-            TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens) },
+            TurnOptions { temperature: Some(0.0), seed: Some(1), max_tokens: Some(max_tokens), ..Default::default() },
         )
         .await?;
     let mut stamps = Vec::new();

@@ -74,11 +74,24 @@ pub struct SamplingArgs {
     /// Most tokens the Thinker generates for this turn (at least 1) [default: the role's].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
+    /// Most tokens the Thinker may reason before the engine closes its think block (0: no
+    /// reasoning) [default: the role's `thinking_budget`].
+    #[arg(long)]
+    pub thinking_budget: Option<u32>,
+    /// Print the Thinker's reasoning (stderr; `--json`: `thinking` events), guarded like the reply.
+    #[arg(long)]
+    pub show_thinking: bool,
 }
 
 impl SamplingArgs {
     pub fn turn_options(&self) -> TurnOptions {
-        TurnOptions { temperature: self.temperature, seed: self.seed, max_tokens: self.max_tokens }
+        TurnOptions {
+            temperature: self.temperature,
+            seed: self.seed,
+            max_tokens: self.max_tokens,
+            thinking_budget: self.thinking_budget,
+            show_thinking: self.show_thinking,
+        }
     }
 }
 

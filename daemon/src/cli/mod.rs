@@ -56,20 +56,9 @@ fn read_text(arg: String) -> Result<String, String> {
     Ok(s.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&s).to_string())
 }
 
-/// Fail before any work when `path` cannot be written (a soak, a load, a turn wasted on an
-/// unwritable `--out`): open it for writing without truncating, and remove it again if it was
-/// not there.
+/// Fail before any work when `path` cannot be written (a turn wasted on an unwritable `--out`).
 pub fn check_writable(path: &std::path::Path, what: &str) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("cannot write {what} to {}: {e}", path.display());
-    if path.is_dir() {
-        return Err(fail(&"it is a directory"));
-    }
-    let existed = path.exists();
-    std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(|e| fail(&e))?;
-    if !existed {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(())
+    crate::output::check_writable(path).map_err(|e| format!("cannot write {what} to {}: {e}", path.display()))
 }
 
 /// Set once Ctrl-C was seen: the command then exits 130 after the daemon has ended its turn.
@@ -218,20 +207,5 @@ mod tests {
         assert_eq!(Exit::for_code(ErrorCode::BadRequest), Exit::Usage);
         assert_eq!(Exit::for_code(ErrorCode::OverBudget), Exit::Failed);
         assert_eq!(Exit::for_code(ErrorCode::ModelFile), Exit::Failed);
-    }
-
-    #[test]
-    fn output_paths_are_checked_without_leaving_a_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = dir.path().join("reply.wav");
-        check_writable(&ok, "the reply").unwrap();
-        assert!(!ok.exists());
-        let e = check_writable(&dir.path().join("no/such/dir/x.png"), "the plot").unwrap_err();
-        assert!(e.contains("cannot write the plot to") && e.contains("no/such/dir"), "{e}");
-        assert!(check_writable(dir.path(), "the plot").unwrap_err().contains("is a directory"));
-        // An existing file is left as it was.
-        std::fs::write(&ok, b"keep").unwrap();
-        check_writable(&ok, "the reply").unwrap();
-        assert_eq!(std::fs::read(&ok).unwrap(), b"keep");
     }
 }

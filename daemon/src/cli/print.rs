@@ -103,6 +103,10 @@ impl Printer {
             }
             Event::Error { code, message, .. } => noteln!("error [{code}]: {message}"),
             Event::Accepted { id, .. } => noteln!("[request {id}]"),
+            // Reasoning (asked for with --show-thinking) is not the answer: stderr, as it comes.
+            Event::Thinking { text, .. } => {
+                let _ = write!(std::io::stderr().lock(), "{text}");
+            }
             Event::Verdict { stage, label, categories, ms, .. } if self.verdict_out => {
                 let cats = if categories.is_empty() { String::new() } else { format!(" ({})", categories.join(", ")) };
                 outln!("{label}{cats}");

@@ -125,8 +125,10 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
             seed: o.seed,
             max_tokens: o.max_tokens,
             ignore_eos: false,
+            thinking_budget: o.thinking_budget,
         },
         session: turn.request.session.clone(),
+        show_thinking: o.show_thinking,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let forward = async {

@@ -181,3 +181,38 @@ fn ctrl_c_cancels_the_turn_and_exits_130() {
     assert_eq!(status.code(), Some(130), "{}", err.lock().unwrap());
     d.wait_log("stop=\"cancelled\"");
 }
+
+/// A reasoning Thinker through the daemon and the CLI: SmolLM2 given a Qwen3-style template with
+/// a think block. `--show-thinking` prints the reasoning as `thinking` events, guarded and before
+/// the reply; without it none leaves; the budget bounds it.
+#[test]
+fn reasoning_is_bounded_and_shown_only_when_asked() {
+    let template = r"{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}";
+    let models = std::fs::read_to_string(repo().join("models.toml")).unwrap().replacen(
+        "priority = 100\n",
+        &format!("priority = 100\nthinking = true\nthinking_budget = 400\nchat_template = '''{template}'''\n"),
+        1,
+    );
+    let d = Daemon::start(&format!("[daemon]\npreload = true\n\n{models}"));
+    let q = "What is the capital of France?";
+    let (code, out, err) =
+        kazeia(&d, &["ask", "--json", "--show-thinking", "--thinking-budget", "10", "--max-tokens", "24", q], "");
+    assert_eq!(code, 0, "{err}");
+    let ev = events(&out);
+    let done = ev.last().unwrap();
+    let n = done["metrics"]["thinking_tokens"].as_u64().expect("it reasoned");
+    assert!(n > 0 && n <= 10, "{done}");
+    let first_token = ev.iter().position(|e| e["type"] == "token").unwrap_or(ev.len());
+    let thoughts: Vec<usize> = (0..ev.len()).filter(|&i| ev[i]["type"] == "thinking").collect();
+    assert!(!thoughts.is_empty(), "{out}");
+    for i in thoughts {
+        assert!(i < first_token, "reasoning after the reply: {out}");
+        assert_eq!(ev[i - 1]["stage"], "thinking", "a thought without its verdict: {out}");
+    }
+    assert!(!text_of(&ev).contains("think>"), "{out}");
+    // Not asked: no reasoning leaves the daemon (the role's budget, 400, applies).
+    let (code, out, err) = kazeia(&d, &["ask", "--json", "--max-tokens", "16", q], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("\"thinking\""), "{out}");
+    assert!(events(&out).last().unwrap()["metrics"]["thinking_tokens"].as_u64().is_some(), "{out}");
+}

@@ -129,7 +129,8 @@ async fn more_clients_than_the_queue_holds() {
     let mut tasks = Vec::new();
     for (i, c) in (0..).zip(clients) {
         tasks.push(tokio::spawn(async move {
-            let opts = TurnOptions { temperature: Some(0.8), seed: Some(i), max_tokens: Some(120) };
+            let opts =
+                TurnOptions { temperature: Some(0.8), seed: Some(i), max_tokens: Some(120), ..Default::default() };
             let mut rx = c.turn(&c.new_id(), "chat", "Tell me a story about a lighthouse keeper.", opts).await.unwrap();
             let (_, end) = finish(&mut rx).await;
             drop(c);

@@ -15,7 +15,7 @@ const QUESTION: &str = "What is the capital of France? Answer in one short sente
 const LONG: &str = "Write a very long story about a dragon who learns to bake bread, with many chapters.";
 
 fn long_opts() -> TurnOptions {
-    TurnOptions { temperature: Some(0.9), seed: Some(7), max_tokens: Some(400) }
+    TurnOptions { temperature: Some(0.9), seed: Some(7), max_tokens: Some(400), ..Default::default() }
 }
 
 // ---- raw frames, as an app written in another language would send them ----

@@ -94,7 +94,9 @@ async fn cancel_during_prefill_lands_within_one_chunk() {
                     after_cancel += 1;
                 }
             }
-            GenEvent::Token { .. } => panic!("no token may come after a cancel during prefill"),
+            GenEvent::Token { .. } | GenEvent::Thinking { .. } => {
+                panic!("no token may come after a cancel during prefill")
+            }
             GenEvent::Finished(r) => break r.unwrap(),
         }
     };
@@ -131,6 +133,7 @@ async fn cancel_during_generation_lands_within_one_token() {
                     None => {}
                 }
             }
+            GenEvent::Thinking { .. } => panic!("SmolLM2's own template has no think block"),
             GenEvent::Finished(r) => break r.unwrap(),
         }
     };

@@ -7,3 +7,4 @@ mod budget;
 mod cascade;
 mod engine;
 mod speech;
+mod thinking;
