@@ -6,13 +6,17 @@
 //! Cancellation is checked between prefill chunks and before every decode step, so a cancel
 //! lands within one chunk or one token (llama.cpp has no safe way to abort a running decode).
 //!
-//! Thinking (templates with a `<think>` block): the engine opens the block, routes the
-//! reasoning to `GenEvent::Thinking` (never `Token`), closes the block itself when the budget
-//! runs out, and afterwards rewinds the sequence to the end of the conversation and decodes the
-//! answer alone, so that the cache holds what the next turn's prompt will (Qwen-style templates
-//! drop earlier reasoning). Hybrid models (Qwen3.5's DeltaNet layers) cannot cut their state
-//! back: their recurrent state is saved where the conversation ends (`PARTIAL_ONLY`, llama.cpp's
-//! per-sequence state, as llama-server's checkpoints) and restored before the cut.
+//! Thinking (templates with a `<think>` block, role `thinking = true`): the engine opens the
+//! block, routes the reasoning to `GenEvent::Thinking` (never `Token`), closes it itself when
+//! the budget runs out, and afterwards cuts the sequence back to the end of the conversation,
+//! which is where the next turn's prompt departs from it (Qwen-style templates re-render earlier
+//! answers without their reasoning): the next turn reuses the conversation and prefills the
+//! answer, as it would have to anyway. Nothing is decoded after the answer, so `done` and a
+//! cancel are not delayed. Hybrid models (Qwen3.5's DeltaNet layers) cannot cut their state
+//! back: their recurrent state is saved one token before the conversation's end
+//! (`PARTIAL_ONLY`, llama.cpp's per-sequence state, as llama-server's checkpoints; one token
+//! early because a prefill always re-decodes the prompt's last token) and kept as the
+//! sequence's checkpoint.
 
 use std::time::Instant;
 
@@ -297,11 +301,8 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let cancelled = || job.cancel.is_cancelled() || job.events.is_closed();
     let max_new = opts.max_tokens.unwrap_or(run.cfg.sampling.max_tokens);
     let budget = opts.thinking_budget.or(run.cfg.thinking_budget);
-    let thinking = match budget {
-        Some(0) => false,
-        Some(_) => true,
-        None => run.cfg.thinking,
-    };
+    // A budget bounds the reasoning of a role that reasons; it never turns it on.
+    let thinking = run.cfg.thinking && budget != Some(0);
     // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
     let budget = budget.unwrap_or(max_new).max(1);
     let (tokens, base) = run.tokenize(&job.request.messages, &job.request.answer_prefix, thinking)?;
@@ -312,12 +313,15 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     // The conversation, then (when the engine opens a think block) the state where it ends,
     // then the opening.
     let opened = base < tokens.len();
-    let mut pre = run.prefill(&tokens[..base], &cancelled, Some(&job.events))?;
+    let m = &run.model.model;
+    let hybrid = opened && base >= 2 && (m.is_recurrent() || m.is_hybrid());
+    // Hybrid: stop one token short of the conversation's end for the checkpoint.
+    let first = if hybrid { base - 1 } else { base };
+    let mut pre = run.prefill(&tokens[..first], &cancelled, Some(&job.events))?;
     let mut rewind = Rewind { at: base, saved: None };
     if opened && !pre.cancelled {
-        let m = &run.model.model;
-        if m.is_recurrent() || m.is_hybrid() {
-            rewind.saved = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY).ok();
+        if hybrid {
+            rewind.saved = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY).ok().map(|s| (first, s));
         }
         let more = run.prefill(&tokens, &cancelled, Some(&job.events))?;
         pre = Prefilled {
@@ -353,8 +357,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let mut logits_idx = pre.logits_idx;
     let mut filter = ThinkFilter::new(opened);
     let mut thought = Thought::default();
-    // Tokens of the answer, for the rewind; `used`: context cells taken since the prompt.
-    let mut answer: Vec<LlamaToken> = Vec::new();
+    // `used`: context cells taken since the prompt.
     let (mut generated, mut used, mut decoded) = (0u32, 0u32, 0u32);
     let mut first_at: Option<Instant> = None;
     let t_gen = Instant::now();
@@ -394,7 +397,8 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
             if !close_thinking(run, &mut batch, &mut used, room)? {
                 break StopReason::ContextFull;
             }
-            send(filter.push(think::FORCED_CLOSE), &mut thought, &mut first_at, &mut metrics);
+            let closing = flushed(&mut decoder) + think::FORCED_CLOSE;
+            send(filter.push(&closing), &mut thought, &mut first_at, &mut metrics);
             logits_idx = 0;
             continue;
         }
@@ -405,14 +409,11 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
         used += 1;
         let was = filter.state();
         let bytes = vocab.token_to_piece(token, false, None);
-        let mut piece = String::with_capacity(bytes.len() + 4);
+        let mut piece = String::with_capacity(utf8_room(&decoder, bytes.len()));
         let _ = decoder.decode_to_string(&bytes, &mut piece, false);
         let pieces = filter.push(&piece);
         if was == think::State::Thinking || filter.state() == think::State::Thinking {
             thought.tokens += 1;
-        }
-        if pieces.iter().any(|p| matches!(p, Piece::Answer(_))) || (!answer.is_empty()) {
-            answer.push(token);
         }
         send(pieces, &mut thought, &mut first_at, &mut metrics);
         let answering = filter.state() != think::State::Thinking;
@@ -435,11 +436,13 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
             if !close_thinking(run, &mut batch, &mut used, room)? {
                 break StopReason::ContextFull;
             }
-            send(filter.push(think::FORCED_CLOSE), &mut thought, &mut first_at, &mut metrics);
+            // A character cut by the budget stays in the thought, not at the answer's start.
+            let closing = flushed(&mut decoder) + think::FORCED_CLOSE;
+            send(filter.push(&closing), &mut thought, &mut first_at, &mut metrics);
         }
     };
     // Bytes of an incomplete UTF-8 sequence at the very end, and what the filter held back.
-    let mut tail = String::new();
+    let mut tail = String::with_capacity(utf8_room(&decoder, 0));
     let _ = decoder.decode_to_string(&[], &mut tail, true);
     let mut pieces = filter.push(&tail);
     pieces.extend(filter.finish());
@@ -448,13 +451,13 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     metrics.generated_tokens = generated;
     // Steady-state decode speed: decode steps over the whole sampling+decode loop time.
     metrics.decode_tok_s = if decoded > 0 { f64::from(decoded) / gen_s.max(1e-9) } else { 0.0 };
-    match thought.started {
-        None => metrics.ttfa_ms = None,
-        Some(t0) => {
-            metrics.thinking_tokens = Some(thought.tokens);
-            metrics.thinking_ms = Some((thought.ended.unwrap_or_else(Instant::now) - t0).as_secs_f64() * 1e3);
-            rewind.apply(run, &tokens[..base], &answer);
-        }
+    if opened || thought.started.is_some() {
+        metrics.thinking_tokens = Some(thought.tokens);
+        let t0 = thought.started.unwrap_or(t_gen);
+        metrics.thinking_ms = Some((thought.ended.unwrap_or_else(Instant::now) - t0).as_secs_f64() * 1e3);
+        rewind.apply(run);
+    } else {
+        metrics.ttfa_ms = None;
     }
     summary(stop, metrics, &pre)
 }
@@ -486,37 +489,47 @@ struct Thought {
     ended: Option<Instant>,
 }
 
-/// Where the conversation ended in the sequence, and (hybrid models) the recurrent state there.
+/// Room for what `decoder` may write for `n` more bytes: `decode_to_string` writes only into
+/// spare capacity (an empty String cannot take the U+FFFD of an unfinished character).
+fn utf8_room(decoder: &encoding_rs::Decoder, n: usize) -> usize {
+    decoder.max_utf8_buffer_length(n).unwrap_or(n * 3 + 16)
+}
+
+/// What the UTF-8 decoder still holds, as text (U+FFFD for an unfinished character); the
+/// decoder starts afresh.
+fn flushed(decoder: &mut encoding_rs::Decoder) -> String {
+    let mut tail = String::with_capacity(utf8_room(decoder, 0));
+    let _ = decoder.decode_to_string(&[], &mut tail, true);
+    *decoder = encoding_rs::UTF_8.new_decoder();
+    tail
+}
+
+/// Where the conversation ended in the sequence, and (hybrid models) the recurrent state one
+/// token before it, with its position.
 struct Rewind {
     at: usize,
-    saved: Option<SeqState>,
+    saved: Option<(usize, SeqState)>,
 }
 
 impl Rewind {
-    /// Drop the reasoning from the sequence: back to the end of the conversation, then the
-    /// answer alone, which is what the next turn's prompt holds. Any failure only costs the
+    /// Drop the reasoning (and the answer) from the sequence: back to the end of the
+    /// conversation, where the next turn's prompt departs from it. A failure only costs the
     /// next turn a longer prefill (the cache then says what the KV really holds).
-    fn apply(self, run: &mut Run<'_, '_>, conversation: &[LlamaToken], answer: &[LlamaToken]) {
+    fn apply(self, run: &mut Run<'_, '_>) {
         let seq = run.seq;
-        if let Some(state) = self.saved {
-            // Kept as the sequence's checkpoint: if the next prompt renders the answer other
-            // than as sampled, it still rewinds to the end of this conversation.
-            *run.cache.checkpoint(seq as usize) = Some((self.at, state));
+        if let Some(checkpoint) = self.saved {
+            *run.cache.checkpoint(seq as usize) = Some(checkpoint);
         }
-        let cut = run.ctx.clear_kv_cache_seq(Some(seq as u32), Some(self.at as u32), None).unwrap_or(false)
-            || run.rewind_to_checkpoint(self.at) == Some(self.at);
-        if !cut {
-            tracing::debug!(role = %run.cfg.role, "cannot rewind past the reasoning: the next turn prefills again");
-            run.reset();
-            return;
-        }
-        run.cache.truncate(seq as usize, self.at);
-        if answer.is_empty() {
-            return;
-        }
-        let whole: Vec<LlamaToken> = conversation.iter().chain(answer).copied().collect();
-        if let Err(e) = run.prefill(&whole, &|| false, None) {
-            tracing::debug!(role = %run.cfg.role, "re-decoding the answer after the reasoning: {e}");
+        let at = match run.ctx.clear_kv_cache_seq(Some(seq as u32), Some(self.at as u32), None).unwrap_or(false) {
+            true => Some(self.at),
+            false => run.rewind_to_checkpoint(self.at),
+        };
+        match at {
+            Some(at) => run.cache.truncate(seq as usize, at),
+            None => {
+                tracing::debug!(role = %run.cfg.role, "cannot rewind past the reasoning: the next turn prefills again");
+                run.reset();
+            }
         }
     }
 }

@@ -307,6 +307,10 @@ pub async fn run_turn(
                     }
                 }
                 if output_guard.is_none() {
+                    // Reasoning held for the verdict leaves before the reply it preceded.
+                    while let Some(text) = thoughts.pop_front() {
+                        emit(Event::Thinking { id: id.clone(), text });
+                    }
                     let n = pending_text.len();
                     release(n, &mut pending, &mut pending_text, &mut released, &mut first_release);
                 }

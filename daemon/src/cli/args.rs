@@ -74,8 +74,8 @@ pub struct SamplingArgs {
     /// Most tokens the Thinker generates for this turn (at least 1) [default: the role's].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
-    /// Most tokens the Thinker may reason before the engine closes its think block (0: no
-    /// reasoning) [default: the role's `thinking_budget`].
+    /// Most tokens a reasoning Thinker may think before the engine closes its think block (0:
+    /// none) [default: the pipeline's, else the role's `thinking_budget`, else --max-tokens].
     #[arg(long)]
     pub thinking_budget: Option<u32>,
     /// Print the Thinker's reasoning (stderr; `--json`: `thinking` events), guarded like the reply.

@@ -46,6 +46,15 @@ pub async fn ask(args: AskArgs) -> Exit {
         Some(p) => printer.for_plan(p),
         None => printer,
     };
+    match &plan {
+        Some(p) if p.transcribe && samples.is_none() => {
+            return usage(&printer, format!("{pipeline} listens: give --audio FILE.wav"))
+        }
+        Some(p) if !p.transcribe && samples.is_some() => {
+            return usage(&printer, format!("{pipeline} takes text, not --audio (audio pipelines: voice, transcribe)"))
+        }
+        _ => {}
+    }
     if plan.as_ref().is_some_and(|p| p.speak && !p.has_text_stages() && !p.transcribe) && args.out.is_none() {
         return usage(&printer, format!("{pipeline} only speaks: give --out FILE.wav"));
     }
@@ -116,7 +125,7 @@ pub async fn ask(args: AskArgs) -> Exit {
             Ok(()) if !printer.json => noteln!("[{secs:.1} s of audio in {}]", out.display()),
             Ok(()) => {}
             Err(e) => {
-                printer.error(ErrorCode::BadRequest, e.to_string());
+                printer.error(ErrorCode::Engine, e.to_string());
                 return Exit::Failed;
             }
         },

@@ -79,6 +79,10 @@ fn on_ctrl_c(then: impl FnOnce() + Send + 'static) {
             INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
             then();
         }
+        // A second Ctrl-C does not wait for the daemon's answer.
+        if sigint.recv().await.is_some() {
+            std::process::exit(Exit::Interrupted as i32);
+        }
     });
 }
 

@@ -50,6 +50,8 @@ pub struct Printer {
     pub verdict_out: bool,
     /// Reply text went to stdout: it gets its final newline at `done`.
     wrote_text: std::sync::atomic::AtomicBool,
+    /// Reasoning went to stderr: a newline ends it before the next note or the reply.
+    thinking_open: std::sync::atomic::AtomicBool,
     bar: std::sync::Mutex<Option<ProgressBar>>,
 }
 
@@ -60,6 +62,7 @@ impl Printer {
             transcript_out: false,
             verdict_out: false,
             wrote_text: Default::default(),
+            thinking_open: Default::default(),
             bar: Default::default(),
         }
     }
@@ -75,6 +78,10 @@ impl Printer {
         if self.json {
             outln!("{}", serde_json::to_string(ev).expect("events serialize"));
             return;
+        }
+        if !matches!(ev, Event::Thinking { .. }) && self.thinking_open.swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            noteln!("");
         }
         match ev {
             Event::Token { text, .. } => {
@@ -105,6 +112,7 @@ impl Printer {
             Event::Accepted { id, .. } => noteln!("[request {id}]"),
             // Reasoning (asked for with --show-thinking) is not the answer: stderr, as it comes.
             Event::Thinking { text, .. } => {
+                self.thinking_open.store(true, std::sync::atomic::Ordering::Relaxed);
                 let _ = write!(std::io::stderr().lock(), "{text}");
             }
             Event::Verdict { stage, label, categories, ms, .. } if self.verdict_out => {

@@ -150,7 +150,7 @@ pub async fn run(mut args: RunArgs) -> Exit {
             }
             Ok(()) => {}
             Err(e) => {
-                printer.error(ErrorCode::BadRequest, e.to_string());
+                printer.error(ErrorCode::Engine, e.to_string());
                 exit = Exit::Failed;
             }
         }

@@ -64,8 +64,10 @@ pub struct Supervisor {
     pub stopping: CancellationToken,
     /// The speech models, loaded by the first audio turn.
     speech: Mutex<Option<Arc<SpeechStack>>>,
-    /// Held across a speech load (never `speech` itself: status reads that).
+    /// Held across a speech load or unload (never `speech` itself: status reads that).
     speech_loading: Mutex<()>,
+    /// Audio turns running (each holds a [`speech::SpeechUse`]): `unload stt` waits for none.
+    speech_users: std::sync::atomic::AtomicUsize,
 }
 
 impl Supervisor {
@@ -100,6 +102,7 @@ impl Supervisor {
             stopping: CancellationToken::new(),
             speech: Mutex::new(None),
             speech_loading: Mutex::new(()),
+            speech_users: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 

@@ -22,6 +22,17 @@ pub struct SpeechStack {
     voices: Mutex<std::collections::HashMap<String, SharedVoice>>,
 }
 
+/// An audio turn's claim on the speech models, for its whole life (it drops and takes the stack
+/// between stages, so the stack's own reference count says nothing): `unload stt` answers
+/// `busy` while one is held.
+pub struct SpeechUse(Arc<Supervisor>);
+
+impl Drop for SpeechUse {
+    fn drop(&mut self) {
+        self.0.speech_users.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A loaded voice, locked while it synthesises.
 type SharedVoice = Arc<Mutex<Box<dyn Voice>>>;
 
@@ -100,6 +111,18 @@ impl Supervisor {
         Ok(stack)
     }
 
+    /// Claim the speech models for an audio turn (see [`SpeechUse`]).
+    pub fn speech_use(self: &Arc<Self>) -> SpeechUse {
+        self.speech_users.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        SpeechUse(self.clone())
+    }
+
+    /// The speech roles `status` lists, by name.
+    pub fn speech_roles(&self) -> Vec<String> {
+        let voices = self.config.speech.voices.keys().map(|l| format!("tts-{l}"));
+        ["stt".to_string(), "vad".to_string()].into_iter().chain(voices).collect()
+    }
+
     /// The speech role `role` names, if any.
     pub fn speech_role(&self, role: &str) -> Option<SpeechRole> {
         match role {
@@ -124,6 +147,8 @@ impl Supervisor {
     /// `unload stt|vad|tts-<lang>`: Ok(false) if it was not loaded; Err while an audio turn
     /// holds the stack (its memory would not be freed).
     pub fn unload_speech(&self, role: &SpeechRole) -> Result<bool, String> {
+        // Loads wait meanwhile: the ledger entry goes with the stack, never after a reload.
+        let _loading = self.speech_loading.lock().expect("speech loading");
         let taken = {
             let mut slot = self.speech.lock().expect("speech");
             match (role, slot.as_ref()) {
@@ -135,13 +160,13 @@ impl Supervisor {
                     }
                     return Ok(gone);
                 }
-                (SpeechRole::Stack, Some(stack)) if Arc::strong_count(stack) > 1 => {
+                (SpeechRole::Stack, Some(_)) if self.speech_users.load(std::sync::atomic::Ordering::SeqCst) > 0 => {
                     return Err("the speech models are in use by an audio turn".into())
                 }
                 (SpeechRole::Stack, Some(_)) => slot.take(),
             }
         };
-        // ONNX sessions are freed here, outside the lock.
+        // ONNX sessions are freed here, outside the status lock.
         drop(taken);
         super::heap::trim();
         self.ledger.lock().expect("ledger").remove("speech");

@@ -32,6 +32,8 @@ pub enum AudioSource {
 /// Run `turn` to its final event (exactly one `done` or `error`, last). `progress` tells whether
 /// load progress is sent as events.
 pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, out: Output) {
+    // An audio turn keeps the speech models from being unloaded under it.
+    let _speech = (turn.plan.transcribe || turn.plan.speak).then(|| sup.speech_use());
     let last = flow(&sup, &turn, audio, &out).await;
     log_end(&turn, &last);
     out(Frame::event(&last));

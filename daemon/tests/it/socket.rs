@@ -306,7 +306,7 @@ async fn full_queue_answers_busy_at_once() {
 async fn slow_reader_is_disconnected_and_its_turn_cancelled() {
     let d = Daemon::start(&config("connection_buffer = 4\nsocket_send_buffer = 4096"));
     let mut s = raw(&d, true);
-    let turn = serde_json::json!({"type":"turn","id":"slow","text":LONG,"options":{"max_tokens":400,"temperature":0.9,"seed":7}});
+    let turn = serde_json::json!({"type":"turn","id":"slow","pipeline":"chat","text":LONG,"options":{"max_tokens":400,"temperature":0.9,"seed":7}});
     write_frame(&mut s, 1, turn.to_string().as_bytes());
     // Never read. The daemon must drop us rather than stall, and stop our turn.
     let c = d.client().await;

@@ -21,6 +21,11 @@ pub fn load(c: &mut Conn, id: String, role: String) {
         let progress = crate::turns::progress(out.output(), &id, &role);
         match sup.ensure_loaded(&role, progress).await {
             Ok(()) => out.send(&Event::Loaded { id: Some(id), role }),
+            // An unknown role: the speech ones are roles too.
+            Err(e) if e.code == ErrorCode::NoModel && sup.config.model(&role).is_err() => {
+                let speech = sup.speech_roles().join(", ");
+                out.error(Some(id), e.code, format!("{}; speech roles: {speech}", e.message))
+            }
             Err(e) => out.error(Some(id), e.code, e.message),
         }
     });
