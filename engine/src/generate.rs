@@ -138,14 +138,14 @@ impl Compute {
 }
 
 impl Run<'_, '_> {
-    /// The prompt's tokens, and how many of them are the conversation (the rest open the think
-    /// block).
+    /// The prompt's tokens, how many of them are the conversation (the rest open the answer:
+    /// a think block, open or empty), and whether the model will reason.
     fn tokenize(
         &self,
         messages: &[ChatMessage],
         answer_prefix: &str,
         thinking: bool,
-    ) -> Result<(Vec<LlamaToken>, usize), GenerateError> {
+    ) -> Result<(Vec<LlamaToken>, usize, bool), GenerateError> {
         let p = prompt::build(
             self.model,
             self.cfg.chat_template.as_deref(),
@@ -153,9 +153,14 @@ impl Run<'_, '_> {
             thinking && answer_prefix.is_empty(),
         )?;
         let vocab = self.model.model.vocab();
-        let mut tokens = vocab.tokenize(format!("{}{answer_prefix}", p.base).as_bytes(), true, true);
+        let (head, tail) = match answer_prefix.is_empty() {
+            true => (p.base, p.open.to_string()),
+            // A forced answer start (a guard's "Safety:") follows the opening, in one piece.
+            false => (format!("{}{}{answer_prefix}", p.base, p.open), String::new()),
+        };
+        let mut tokens = vocab.tokenize(head.as_bytes(), true, true);
         let base = tokens.len();
-        tokens.extend(vocab.tokenize(p.open.as_bytes(), false, true));
+        tokens.extend(vocab.tokenize(tail.as_bytes(), false, true));
         let n_ctx = self.ctx.n_ctx();
         if base == 0 {
             return Err(GenerateError::Prompt("the prompt is empty".into()));
@@ -163,14 +168,17 @@ impl Run<'_, '_> {
         if tokens.len() >= n_ctx as usize {
             return Err(GenerateError::ContextOverflow { role: self.cfg.role.clone(), prompt: tokens.len(), n_ctx });
         }
-        Ok((tokens, base))
+        Ok((tokens, base, p.thinks))
     }
 
     /// Bring the context to `tokens`: keep the common prefix, drop the rest, decode the new part
     /// in chunks. On return the cache matches what the KV holds, even when cancelled or failed.
+    /// `logits`: the last token's logits are wanted (else a prompt already held is left as
+    /// it is: a part prefilled before a checkpoint).
     fn prefill(
         &mut self,
         tokens: &[LlamaToken],
+        logits: bool,
         cancelled: &dyn Fn() -> bool,
         events: Option<&UnboundedSender<GenEvent>>,
     ) -> Result<Prefilled, GenerateError> {
@@ -178,8 +186,8 @@ impl Run<'_, '_> {
         let seq = self.seq;
         let cached = self.cache.seq(seq as usize);
         let common = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
-        // At least the last prompt token is decoded again: its logits are needed.
-        let mut keep = common.min(tokens.len() - 1);
+        // With logits, at least the last prompt token is decoded again.
+        let mut keep = if logits { common.min(tokens.len() - 1) } else { common };
         if keep < cached.len() {
             let removed = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(keep as u32), None).unwrap_or(false);
             if !removed {
@@ -215,7 +223,7 @@ impl Run<'_, '_> {
             for (j, &tok) in piece.iter().enumerate() {
                 let pos = base + j;
                 batch
-                    .add(tok, pos as i32, &[seq], pos + 1 == tokens.len())
+                    .add(tok, pos as i32, &[seq], logits && pos + 1 == tokens.len())
                     .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
             }
             if let Err(e) = self.compute.decode(self.ctx, &mut batch) {
@@ -305,25 +313,27 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let thinking = run.cfg.thinking && budget != Some(0);
     // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
     let budget = budget.unwrap_or(max_new).max(1);
-    let (tokens, base) = run.tokenize(&job.request.messages, &job.request.answer_prefix, thinking)?;
+    let (tokens, base, opened) = run.tokenize(&job.request.messages, &job.request.answer_prefix, thinking)?;
     let total = tokens.len() as u32;
     let n_ctx = run.ctx.n_ctx();
     let mut metrics = Metrics { prompt_tokens: total, ..Metrics::default() };
 
     // The conversation, then (when the engine opens a think block) the state where it ends,
     // then the opening.
-    let opened = base < tokens.len();
+    // Hybrid models: the conversation minus its last token first, and their recurrent state
+    // there as the sequence's checkpoint: the next turn of the conversation departs from this
+    // prompt after it (the answer re-rendered, the think block gone) and rewinds to it instead
+    // of starting over.
     let m = &run.model.model;
-    let hybrid = opened && base >= 2 && (m.is_recurrent() || m.is_hybrid());
-    // Hybrid: stop one token short of the conversation's end for the checkpoint.
-    let first = if hybrid { base - 1 } else { base };
-    let mut pre = run.prefill(&tokens[..first], &cancelled, Some(&job.events))?;
-    let mut rewind = Rewind { at: base, saved: None };
-    if opened && !pre.cancelled {
-        if hybrid {
-            rewind.saved = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY).ok().map(|s| (first, s));
+    let hybrid = base >= 2 && (m.is_recurrent() || m.is_hybrid());
+    let first = if hybrid { base - 1 } else { tokens.len() };
+    let mut pre = run.prefill(&tokens[..first], first == tokens.len(), &cancelled, Some(&job.events))?;
+    let rewind = Rewind { at: base };
+    if first < tokens.len() && !pre.cancelled {
+        if let Ok(state) = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
+            *run.cache.checkpoint(run.seq as usize) = Some((first, state));
         }
-        let more = run.prefill(&tokens, &cancelled, Some(&job.events))?;
+        let more = run.prefill(&tokens, true, &cancelled, Some(&job.events))?;
         pre = Prefilled {
             decoded: pre.decoded + more.decoded,
             cached: pre.cached,
@@ -504,11 +514,9 @@ fn flushed(decoder: &mut encoding_rs::Decoder) -> String {
     tail
 }
 
-/// Where the conversation ended in the sequence, and (hybrid models) the recurrent state one
-/// token before it, with its position.
+/// Where the conversation ended in the sequence.
 struct Rewind {
     at: usize,
-    saved: Option<(usize, SeqState)>,
 }
 
 impl Rewind {
@@ -517,9 +525,6 @@ impl Rewind {
     /// next turn a longer prefill (the cache then says what the KV really holds).
     fn apply(self, run: &mut Run<'_, '_>) {
         let seq = run.seq;
-        if let Some(checkpoint) = self.saved {
-            *run.cache.checkpoint(seq as usize) = Some(checkpoint);
-        }
         let at = match run.ctx.clear_kv_cache_seq(Some(seq as u32), Some(self.at as u32), None).unwrap_or(false) {
             true => Some(self.at),
             false => run.rewind_to_checkpoint(self.at),
@@ -564,12 +569,12 @@ fn classify(
     if req.labels.is_empty() {
         return Err(GenerateError::Prompt("no labels to choose from".into()));
     }
-    let (tokens, _) = run.tokenize(&req.messages, &req.answer_prefix, false)?;
+    let (tokens, _, _) = run.tokenize(&req.messages, &req.answer_prefix, false)?;
     let cancelled = || cancel.is_cancelled();
     if !req.reuse_cache {
         run.reset();
     }
-    let pre = run.prefill(&tokens, &cancelled, None)?;
+    let pre = run.prefill(&tokens, true, &cancelled, None)?;
     if pre.cancelled {
         return Err(GenerateError::Cancelled);
     }

@@ -19,11 +19,15 @@ const NO_THINK: &str = "<think>\n\n</think>\n\n";
 /// Opens the block: the model reasons from here.
 pub const OPEN_THINK: &str = "<think>\n";
 
-/// A prompt: the conversation up to the assistant's turn, then what the engine opens it with.
+/// A prompt: the conversation up to the assistant's turn, then what the engine opens the turn
+/// with. The split matters: the next turn's prompt re-renders this answer without the opening
+/// (Qwen-style templates drop the think block), so the conversation is the part it shares.
 pub struct Prompt {
     pub base: String,
-    /// `OPEN_THINK` when the model will reason, else empty.
+    /// `OPEN_THINK` when the model will reason, the empty block when it must not, else empty.
     pub open: &'static str,
+    /// The model reasons: the engine opened the block.
+    pub thinks: bool,
 }
 
 pub fn build(
@@ -35,7 +39,7 @@ pub fn build(
     let Some(template) = override_template.or(model.template.as_deref()) else {
         // A base model (no template in the file): plain text, the last message is the prompt.
         let base = messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
-        return Ok(Prompt { base, open: "" });
+        return Ok(Prompt { base, open: "", thinks: false });
     };
     let tmpl = LlamaChatTemplate::new(template).map_err(|e| GenerateError::Prompt(e.to_string()))?;
     let chat = messages
@@ -43,17 +47,15 @@ pub fn build(
         .map(|m| LlamaChatMessage::new(m.role.clone(), m.content.clone()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| GenerateError::Prompt(format!("message contains a NUL byte: {e}")))?;
-    let mut base = model
+    let base = model
         .model
         .apply_chat_template(&tmpl, &chat, true)
         .map_err(|e| GenerateError::Prompt(format!("chat template of {}: {e}", model.path.display())))?;
-    let mut open = "";
-    if template.contains("<think>") {
-        if thinking {
-            open = OPEN_THINK;
-        } else {
-            base.push_str(NO_THINK);
-        }
-    }
-    Ok(Prompt { base, open })
+    let has_block = template.contains("<think>");
+    let open = match (has_block, thinking) {
+        (false, _) => "",
+        (true, true) => OPEN_THINK,
+        (true, false) => NO_THINK,
+    };
+    Ok(Prompt { base, open, thinks: has_block && thinking })
 }

@@ -6,7 +6,9 @@
 //!   pages stay resident (FACTS.md, measured): they count twice.
 //! - KV cache: per token, only attention layers (Qwen3.5: its full-attention layers; Gemma 3:
 //!   global layers hold n_ctx tokens, sliding-window layers only the window).
-//! - recurrent state (Qwen3.5's DeltaNet layers): fixed per sequence, always F32.
+//! - recurrent state (Qwen3.5's DeltaNet layers): fixed per sequence, always F32; twice, since
+//!   the engine keeps one host copy per sequence as its checkpoint (the state at the end of the
+//!   last conversation, which the next turn rewinds to: the state cannot be cut back).
 //! - compute buffer: llama.cpp *reserves* it for its worst graph, a full n_ubatch batch that
 //!   outputs logits for every token (n_ubatch × n_vocab × 4 B dominates). Our engine only ever
 //!   asks for the last token's logits (generation and one-pass guard verdicts alike), so the
@@ -256,7 +258,8 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
         weights_bytes,
         repack_bytes,
         kv_bytes,
-        recurrent_bytes: shape.recurrent_bytes_per_seq * p.n_seq,
+        // The state and its checkpoint.
+        recurrent_bytes: 2 * shape.recurrent_bytes_per_seq * p.n_seq,
         compute_bytes,
         overhead_bytes: FIXED_OVERHEAD + PER_VOCAB_ENTRY * shape.n_vocab,
         compute_reserved_bytes: compute_bytes + p.n_ubatch * shape.n_vocab * 4,

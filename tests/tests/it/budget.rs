@@ -24,8 +24,9 @@ fn qwen35_9b_matches_the_memory_formulas() {
     // 8 full-attention layers × 2 × 4 KV heads × 256 × 2 B = 32,768 B per token.
     assert_eq!(e.kv_bytes, 32_768 * 4096);
     assert_eq!(e.kv_bytes, 128 * MIB);
-    // 24 DeltaNet layers of recurrent state, F32: 52,690,944 B per sequence.
-    assert_eq!(e.recurrent_bytes, 52_690_944);
+    // 24 DeltaNet layers of recurrent state, F32: 52,690,944 B per sequence, and as much again
+    // for the sequence's checkpoint (the engine's copy to rewind to).
+    assert_eq!(e.recurrent_bytes, 2 * 52_690_944);
     // Touched: activations of a 512-token ubatch, dense (8·4096 + 2·12288) plus DeltaNet
     // (24 × 32 heads × 128) floats per token. Reserved adds the 512 × 248,320 logits rows.
     assert_eq!(e.compute_bytes, 512 * (8 * 4096 + 2 * 12288 + 24 * 32 * 128) * 4);

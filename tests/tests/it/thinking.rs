@@ -208,3 +208,66 @@ async fn reasoning_never_reaches_the_reply_and_is_guarded_when_shown() {
         }
     }
 }
+
+/// A conversation on the hybrid model reuses its earlier turns (it reused none: any difference
+/// between the cached tokens and the next prompt needs a cut back, which recurrent state
+/// refuses). The engine keeps each sequence's state at the end of the conversation as its
+/// checkpoint; the next turn departs from the cache after it (the answer re-rendered, the empty
+/// think block of a Qwen3-style template gone) and rewinds there. With its own ChatML template
+/// and with the Qwen3-style one, thinking off.
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen35_sessions_reuse_their_earlier_turns() {
+    // The opening a template adds after the conversation (the empty think block), in tokens:
+    // the Qwen3-style prompt less the ChatML one (same conversation, same rendering otherwise).
+    let mut chatml_first = 0;
+    for template in [None, Some(QWEN3_STYLE)] {
+        let engine = Engine::new();
+        let extra = match template {
+            None => "n_ctx = 2048\nn_ubatch = 128".to_string(),
+            Some(t) => format!("n_ctx = 2048\nn_ubatch = 128\nchat_template = '''{t}'''"),
+        };
+        load(&engine, &model_toml("thinker", &qwen35_tiny(), &extra), "thinker");
+        let pipeline = Registry::builtin().get("chat").unwrap().clone();
+        let policy = GuardPolicy::default();
+        let sessions = Sessions::new(std::time::Duration::from_secs(600));
+        let mut prompts: Vec<(u32, u32)> = Vec::new();
+        for (i, text) in ["Tell me about the sea.", "And the mountains?", "Which do you prefer?"].iter().enumerate() {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let input = TurnInput {
+                id: Some(format!("t{i}")),
+                text: text.to_string(),
+                options: GenerateOptions { temperature: Some(0.0), max_tokens: Some(12), ..Default::default() },
+                session: Some("s".into()),
+                show_thinking: false,
+            };
+            let engines = Engines { llm: &engine, policy: &policy, sessions: Some(&sessions) };
+            run_turn(&pipeline, input, engines, CancellationToken::new(), tx).await;
+            let mut last = None;
+            while let Ok(e) = rx.try_recv() {
+                last = Some(e);
+            }
+            let Some(Event::Done { metrics, .. }) = last else { panic!("{last:?}") };
+            if i == 0 && template.is_none() {
+                chatml_first = metrics.prompt_tokens;
+            }
+            let opening = if i > 0 && template.is_some() { prompts[0].0 - chatml_first } else { 0 };
+            if let Some(&(previous, _)) = prompts.last() {
+                // The whole previous prompt but its opening (dropped by the re-rendering) and
+                // its last token (the checkpoint is one short of it).
+                assert!(
+                    metrics.cached_tokens + opening + 1 >= previous,
+                    "{template:?} turn {i}: {} of {} reused; the previous prompt was {previous}",
+                    metrics.cached_tokens,
+                    metrics.prompt_tokens
+                );
+            }
+            eprintln!(
+                "{} turn {i}: {} of {} prompt tokens reused",
+                if template.is_some() { "qwen3-style" } else { "chatml" },
+                metrics.cached_tokens,
+                metrics.prompt_tokens
+            );
+            prompts.push((metrics.prompt_tokens, metrics.cached_tokens));
+        }
+    }
+}
