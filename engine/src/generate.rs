@@ -63,6 +63,16 @@ impl Cache {
         &mut self.checkpoints[s]
     }
 
+    /// The sequence other than `seq` holding the longest prefix of `tokens`, and its length.
+    fn longest_elsewhere(&self, seq: usize, tokens: &[LlamaToken]) -> Option<(usize, usize)> {
+        self.seqs
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| *s != seq)
+            .map(|(s, held)| (s, held.iter().zip(tokens).take_while(|(a, b)| a == b).count()))
+            .max_by_key(|&(_, n)| n)
+    }
+
     /// The sequence now holds only its first `len` tokens: a checkpoint past them is stale.
     fn truncate(&mut self, s: usize, len: usize) {
         self.seq(s).truncate(len);
@@ -202,6 +212,29 @@ impl Run<'_, '_> {
                 };
             }
             self.cache.truncate(seq as usize, keep);
+        }
+        // Another slot may hold more of this prompt (a guard's input and output checks share
+        // their instructions): its cells are shared with this sequence, not decoded again. In a
+        // unified KV cache that is a copy of cell tags (attention models only: a recurrent
+        // state is one per sequence, at its end).
+        let want = if logits { tokens.len() - 1 } else { tokens.len() };
+        let m = &self.model.model;
+        if !(m.is_recurrent() || m.is_hybrid()) && self.cfg.cache_slots > 1 {
+            if let Some((other, n)) = self.cache.longest_elsewhere(seq as usize, tokens) {
+                let n = n.min(want);
+                if n > keep {
+                    let shared = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).unwrap_or(false)
+                        && self.ctx.copy_kv_cache_seq(other as i32, seq, Some(0), Some(n as u32)).is_ok();
+                    if shared {
+                        let held = self.cache.seq(other)[..n].to_vec();
+                        *self.cache.seq(seq as usize) = held;
+                        keep = n;
+                    } else {
+                        self.reset();
+                        keep = 0;
+                    }
+                }
+            }
         }
         let chunk = (self.cfg.prefill_chunk.min(self.ctx.n_batch()) as usize).max(1);
         let mut batch = LlamaBatch::new(chunk, 1);

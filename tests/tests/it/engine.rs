@@ -250,8 +250,21 @@ async fn classify_is_one_pass_cached_and_constrained() {
     // The same instructions again: only the changed tail is prefilled.
     let b = run(ask("What is the capital of Germany?", &[" Paris", " London", " Berlin"], 0)).await;
     assert!(b.prefilled_tokens < b.prompt_tokens / 2, "{b:?}");
-    // Another slot keeps its own cache and does not disturb slot 0.
-    let _ = run(ask("Is water wet?", &[" Yes", " No"], 1)).await;
+    // Another slot starts from slot 0's cells for the prefix they share (a guard's output check
+    // from its input check's instructions) instead of decoding it again, answers as a cold
+    // context would, and does not disturb slot 0.
+    let w = run(ask("Is water wet?", &[" Yes", " No"], 1)).await;
+    let cold = Engine::new();
+    load(&cold, &model_toml("guard", &smollm2(), "n_ctx = 2048\ncache_slots = 2"), "guard").unwrap();
+    let rx = cold.classify(ask("Is water wet?", &[" Yes", " No"], 1), CancellationToken::new()).unwrap();
+    let fresh = rx.await.unwrap().unwrap();
+    assert_eq!(fresh.prefilled_tokens, fresh.prompt_tokens);
+    // The template's head and "Answer with one word." are shared (8 tokens here).
+    assert!(w.prefilled_tokens + 6 <= fresh.prefilled_tokens, "slot 1 prefilled the shared prefix again: {w:?}");
+    assert_eq!(w.label, fresh.label);
+    for ((l, p), (_, q)) in w.scores.iter().zip(&fresh.scores) {
+        assert!((p - q).abs() < 0.02, "{l}: {p} shared vs {q} cold");
+    }
     let c = run(ask("What is the capital of Spain?", &[" Paris", " London", " Madrid"], 0)).await;
     assert!(c.prefilled_tokens < c.prompt_tokens / 2, "{c:?}");
     // Labels sharing their first token(s) are told apart by constrained decoding: the shared
