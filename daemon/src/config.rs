@@ -66,6 +66,12 @@ pub struct ModelConfig {
     pub chat_template: Option<String>,
     #[serde(default)]
     pub flash_attn: FlashAttn,
+    /// KV cache element types: `f16` (default), `q8_0`, `q4_0`. The planner counts them; a
+    /// quantized `type_v` needs flash attention.
+    #[serde(default)]
+    pub type_k: kazeia_memory_budget::KvType,
+    #[serde(default)]
+    pub type_v: kazeia_memory_budget::KvType,
     /// Sequences the context keeps cached side by side (a guard: 2, input and output checks).
     /// They share the n_ctx cells.
     #[serde(default = "d_slots")]
@@ -126,6 +132,8 @@ impl ModelConfig {
             thinking_budget: self.thinking_budget,
             chat_template: self.chat_template.clone(),
             flash_attn: self.flash_attn,
+            type_k: self.type_k,
+            type_v: self.type_v,
             cache_slots: self.cache_slots,
             sampling: self.sampling.clone(),
         }
@@ -138,7 +146,8 @@ impl ModelConfig {
             n_ubatch: u64::from(self.n_ubatch),
             n_seq: u64::from(self.cache_slots.max(1)),
             mmap: self.mmap,
-            kv_elem_bytes: 2,
+            type_k: self.type_k,
+            type_v: self.type_v,
             swa_full: true,
             // `auto` turns flash attention on wherever the backend has it (the CPU does).
             flash_attn: !matches!(self.flash_attn, FlashAttn::Off),
@@ -451,6 +460,12 @@ impl Config {
                     format!("model {role:?}: keys `n_ctx`, `n_batch`, `threads` must be positive (n_ctx >= 16)"),
                 ));
             }
+            if m.type_v != kazeia_memory_budget::KvType::F16 && m.flash_attn == FlashAttn::Off {
+                return Err(invalid(
+                    line,
+                    format!("model {role:?}: key `type_v`: a quantized V cache needs flash attention (flash_attn = \"auto\" or \"on\")"),
+                ));
+            }
             if !(0.0..=5.0).contains(&m.sampling.temperature) || !(0.0..=1.0).contains(&m.sampling.top_p) {
                 return Err(invalid(
                     line,
@@ -562,6 +577,18 @@ mod tests {
         assert_eq!(c.budget.budget_bytes(), (24 << 30) - (2 << 30) - (1 << 30));
         let e = parse("[budget]\ndevice_ram = \"lots\"\n").unwrap_err().to_string();
         assert!(e.contains("models.toml:2") && e.contains("device_ram"), "{e}");
+    }
+
+    #[test]
+    fn kv_types_are_read_and_a_quantized_v_needs_flash_attention() {
+        let m = "[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\ntype_k = \"q8_0\"\ntype_v = \"q4_0\"\n";
+        let c = parse(m).unwrap();
+        let p = c.model("thinker").unwrap().context_params();
+        assert_eq!((p.type_k, p.type_v), (kazeia_memory_budget::KvType::Q8_0, kazeia_memory_budget::KvType::Q4_0));
+        let e = parse(&format!("{m}flash_attn = \"off\"\n")).unwrap_err().to_string();
+        assert!(e.contains("models.toml:1") && e.contains("type_v") && e.contains("flash attention"), "{e}");
+        let e = parse("[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\ntype_k = \"q2\"\n").unwrap_err().to_string();
+        assert!(e.contains("type_k"), "{e}");
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct RoleParams {
     /// knows: ChatML, Llama 3, Gemma…).
     pub chat_template: Option<String>,
     pub flash_attn: FlashAttn,
+    /// KV cache element types.
+    pub type_k: kazeia_memory_budget::KvType,
+    pub type_v: kazeia_memory_budget::KvType,
     /// Sequences cached side by side in one context (they share the n_ctx cells).
     pub cache_slots: u32,
     pub sampling: Sampling,

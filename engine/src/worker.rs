@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 
 use crate::backend::backend;
 use crate::error::{GenerateError, LoadError};
@@ -130,6 +130,12 @@ fn run(
                 FlashAttn::On => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED,
                 FlashAttn::Off => llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED,
             });
+        let kv = |t| match t {
+            kazeia_memory_budget::KvType::F16 => KvCacheType::F16,
+            kazeia_memory_budget::KvType::Q8_0 => KvCacheType::Q8_0,
+            kazeia_memory_budget::KvType::Q4_0 => KvCacheType::Q4_0,
+        };
+        params = params.with_type_k(kv(cfg.type_k)).with_type_v(kv(cfg.type_v));
         if cfg.cache_slots > 1 {
             // Several slots share the n_ctx cells (one slot keeps llama.cpp's default layout).
             params = params.with_n_seq_max(cfg.cache_slots).with_kv_unified(true);

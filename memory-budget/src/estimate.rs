@@ -34,8 +34,9 @@ pub struct ContextParams {
     /// own recurrent state.
     pub n_seq: u64,
     pub mmap: bool,
-    /// Bytes per KV element (2 for f16).
-    pub kv_elem_bytes: u64,
+    /// KV cache element types of keys and values (f16 by default).
+    pub type_k: crate::KvType,
+    pub type_v: crate::KvType,
     /// Sliding-window layers keep the whole context (llama.cpp's default; the engine keeps it).
     pub swa_full: bool,
     /// Flash attention (the engine's `auto` enables it on the CPU): no n_kv × n_ubatch score
@@ -50,7 +51,8 @@ impl Default for ContextParams {
             n_ubatch: 512,
             n_seq: 1,
             mmap: false,
-            kv_elem_bytes: 2,
+            type_k: crate::KvType::F16,
+            type_v: crate::KvType::F16,
             swa_full: true,
             flash_attn: true,
         }
@@ -121,6 +123,9 @@ pub struct Shape {
     /// Per layer: KV bytes per token per element size unit (n_head_kv × (k + v)), 0 for a layer
     /// without attention.
     pub kv_elems_per_token: Vec<u64>,
+    /// Key and value lengths per head (their element types may differ).
+    pub k_len: u64,
+    pub v_len: u64,
     /// Per layer: tokens its KV holds at most (None: the whole context).
     pub window: Vec<Option<u64>>,
     /// Recurrent state per sequence, bytes (F32).
@@ -210,6 +215,8 @@ impl Shape {
             n_recurrent_layers,
             recurrent_heads_x_state,
             kv_elems_per_token: kv,
+            k_len,
+            v_len,
             window,
             recurrent_bytes_per_seq: recurrent,
         })
@@ -250,7 +257,10 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
                 Some(win) if !p.swa_full => pad256((win * p.n_seq + p.n_ubatch).min(p.n_ctx)),
                 _ => n_ctx,
             };
-            e * p.kv_elem_bytes * cells
+            // Heads × (k × key bytes + v × value bytes), the types' blocks of 32.
+            let heads = e / (shape.k_len + shape.v_len).max(1);
+            let per_token_x32 = heads * (shape.k_len * p.type_k.bytes_per_32() + shape.v_len * p.type_v.bytes_per_32());
+            per_token_x32 * cells / 32
         })
         .sum();
     let compute_bytes = compute_touched(&shape, p);

@@ -25,7 +25,7 @@ pub fn human_bytes(b: u64) -> String {
 pub use estimate::{estimate, htp_runs, layer_bytes, ContextParams, Estimate, LayerBytes, Shape};
 pub use htp::{plan as plan_htp, HtpPlan, PlanError, DEFAULT_SESSION_CAP};
 pub use ledger::{Ledger, Refusal};
-pub use placement::{model_cache_dir, Backend};
+pub use placement::{model_cache_dir, Backend, KvType};
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use kazeia_daemon::config::{default_cache_dir, Config};
-use kazeia_memory_budget::{estimate, gguf, htp_runs, layer_bytes, plan_htp, ContextParams, DEFAULT_SESSION_CAP};
+use kazeia_memory_budget::{
+    estimate, gguf, htp_runs, layer_bytes, plan_htp, ContextParams, KvType, DEFAULT_SESSION_CAP,
+};
 
 fn synthetic(name: &str) -> gguf::GgufHeader {
     let p = default_cache_dir().join("synthetic").join(name);
@@ -32,6 +34,20 @@ fn qwen35_9b_matches_the_memory_formulas() {
     assert_eq!(e.compute_bytes, 512 * (8 * 4096 + 2 * 12288 + 24 * 32 * 128) * 4);
     assert_eq!(e.compute_reserved_bytes, e.compute_bytes + 512 * 248_320 * 4);
     assert_eq!(e.overhead_bytes, 20 * MIB + 300 * 248_320);
+    // Quantized KV (type_k, type_v): blocks of 32 elements in 34 B (q8_0) or 18 B (q4_0)
+    // instead of 64 B.
+    let q8 = estimate(
+        &h,
+        &ContextParams { type_k: KvType::Q8_0, type_v: KvType::Q8_0, n_ctx: 4096, n_ubatch: 512, ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(q8.kv_bytes, e.kv_bytes * 34 / 64);
+    let mixed = estimate(
+        &h,
+        &ContextParams { type_k: KvType::Q8_0, type_v: KvType::Q4_0, n_ctx: 4096, n_ubatch: 512, ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(mixed.kv_bytes, e.kv_bytes * (34 + 18) / 128);
     // Two cache slots keep two recurrent states but share the KV cells.
     let two = estimate(&h, &ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 2, ..Default::default() }).unwrap();
     assert_eq!((two.kv_bytes, two.recurrent_bytes), (e.kv_bytes, 2 * e.recurrent_bytes));

@@ -35,8 +35,15 @@ fn req(role: &str, text: &str, options: GenerateOptions) -> GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn greedy_answer_names_paris() {
+    // f16 KV (the default), then a q8_0 KV cache (keys and values): same answer.
+    for kv in ["", "type_k = \"q8_0\"\ntype_v = \"q8_0\""] {
+        greedy_paris(&format!("n_ctx = 1024\n{kv}")).await;
+    }
+}
+
+async fn greedy_paris(extra: &str) {
     let engine = Engine::new();
-    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 1024"), "thinker").unwrap();
+    load(&engine, &model_toml("thinker", &smollm2(), extra), "thinker").unwrap();
     let pipeline = Registry::builtin().get("chat").unwrap().clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let input = TurnInput {
