@@ -112,6 +112,17 @@ fn de_keep_alive<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D:
         .map_err(|e| serde::de::Error::custom(format!("keep_alive {s:?}: {e} (e.g. \"30m\", \"90s\", \"never\")")))
 }
 
+impl DaemonConfig {
+    /// Where roles keep their prefix files, if they do.
+    pub fn prefix_dir(&self) -> Option<PathBuf> {
+        self.prefix_cache.then(|| {
+            self.prefix_dir
+                .clone()
+                .unwrap_or_else(|| dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("kazeia").join("prefix"))
+        })
+    }
+}
+
 impl ModelConfig {
     pub fn prefill_chunk(&self) -> u32 {
         self.prefill_chunk.unwrap_or(self.n_ubatch).max(1)
@@ -134,6 +145,8 @@ impl ModelConfig {
             flash_attn: self.flash_attn,
             type_k: self.type_k,
             type_v: self.type_v,
+            // Set by the supervisor from `[daemon] prefix_cache`.
+            prefix_dir: None,
             cache_slots: self.cache_slots,
             sampling: self.sampling.clone(),
         }
@@ -189,6 +202,11 @@ pub struct DaemonConfig {
     /// Roles decode one at a time, alternating per prefill chunk or token (best when the roles'
     /// threads together exceed the cores); false lets them run in parallel.
     pub exclusive_compute: bool,
+    /// Keep each role's shared prefix (a guard's instructions) in a file under `prefix_dir`, so
+    /// that the first check after a load or a restart does not prefill it again (default on).
+    pub prefix_cache: bool,
+    /// Default: the user's cache directory's `kazeia/prefix`.
+    pub prefix_dir: Option<PathBuf>,
     /// A session's conversation is forgotten after this long idle.
     #[serde(deserialize_with = "de_duration")]
     pub session_ttl: Duration,
@@ -208,6 +226,8 @@ impl Default for DaemonConfig {
             preload: true,
             exclusive_compute: true,
             session_ttl: Duration::from_secs(30 * 60),
+            prefix_cache: true,
+            prefix_dir: None,
         }
     }
 }

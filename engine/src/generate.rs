@@ -46,6 +46,8 @@ use crate::think::{self, Piece, ThinkFilter};
 pub struct Cache {
     seqs: Vec<Vec<LlamaToken>>,
     checkpoints: Vec<Option<(usize, SeqState)>>,
+    /// The role's prefix file is written (or was restored): once per load.
+    pub prefix_kept: bool,
 }
 
 impl Cache {
@@ -229,6 +231,8 @@ impl Run<'_, '_> {
                         let held = self.cache.seq(other)[..n].to_vec();
                         *self.cache.seq(seq as usize) = held;
                         keep = n;
+                        // This sequence holds exactly the shared prefix now: keep it on disk.
+                        self.keep_prefix(n);
                     } else {
                         self.reset();
                         keep = 0;
@@ -287,6 +291,23 @@ impl Run<'_, '_> {
         Ok(())
     }
 
+    /// Write this sequence (holding exactly its `n` cached tokens) as the role's prefix file,
+    /// once per load. A failure is logged and costs only the next load a prefill.
+    fn keep_prefix(&mut self, n: usize) {
+        if self.cache.prefix_kept || n < 16 {
+            return;
+        }
+        self.cache.prefix_kept = true;
+        let Some((path, key)) = crate::prefix_file::path(self.cfg, self.model) else { return };
+        let tokens = self.cache.seq(self.seq as usize).clone();
+        match crate::prefix_file::save(self.ctx, self.seq, &tokens, &path, &key) {
+            Ok(bytes) => {
+                tracing::info!(role = %self.cfg.role, tokens = n, bytes, file = %path.display(), "prefix kept for the next load")
+            }
+            Err(e) => tracing::warn!(role = %self.cfg.role, "prefix not kept: {e}"),
+        }
+    }
+
     /// Restore this sequence's checkpoint if it is at or before `limit` tokens, and drop the
     /// KV after it; the position it is at.
     fn rewind_to_checkpoint(&mut self, limit: usize) -> Option<usize> {
@@ -308,6 +329,25 @@ impl Run<'_, '_> {
         }
         self.cache.seq(seq as usize).clear();
         *self.cache.checkpoint(seq as usize) = None;
+    }
+}
+
+/// At load: the role's prefix file, if any and intact, into slot 0 (see `prefix_file`).
+pub fn restore_prefix(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &SharedModel, cfg: &RoleParams) {
+    let Some((path, key)) = crate::prefix_file::path(cfg, model) else { return };
+    if !path.exists() {
+        return;
+    }
+    match crate::prefix_file::restore(ctx, 0, &path, &key) {
+        Ok(tokens) => {
+            tracing::info!(role = %cfg.role, tokens = tokens.len(), file = %path.display(), "prefix restored");
+            *cache.seq(0) = tokens;
+            cache.prefix_kept = true;
+        }
+        Err(e) => {
+            tracing::warn!(role = %cfg.role, "prefix file not used, prefilling normally: {e}");
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod generate;
 mod job;
 mod model;
 pub mod params;
+mod prefix_file;
 mod prompt;
 mod sampler;
 pub mod think;
@@ -51,6 +52,8 @@ pub struct RoleInfo {
     pub placement: Placement,
     /// Other roles that share this role's loaded model.
     pub shares_model_with: Vec<String>,
+    /// The file keeping this role's shared prefix across loads, and its size, if written.
+    pub prefix_file: Option<(PathBuf, u64)>,
 }
 
 struct Role {
@@ -187,6 +190,8 @@ impl Engine {
                 .filter(|(name, o)| name.as_str() != role && Arc::ptr_eq(&o.model, m))
                 .map(|(name, _)| name.clone())
                 .collect(),
+            prefix_file: prefix_file::path(&r.cfg, m)
+                .and_then(|(p, _)| std::fs::metadata(&p).ok().map(|meta| (p, meta.len()))),
         })
     }
 }

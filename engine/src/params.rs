@@ -67,6 +67,9 @@ pub struct RoleParams {
     /// knows: ChatML, Llama 3, Gemma…).
     pub chat_template: Option<String>,
     pub flash_attn: FlashAttn,
+    /// Keep the prefix two cache slots share (a guard's instructions) in a file here, restored
+    /// at load (see `prefix_file`). None: no file.
+    pub prefix_dir: Option<std::path::PathBuf>,
     /// KV cache element types.
     pub type_k: kazeia_memory_budget::KvType,
     pub type_v: kazeia_memory_budget::KvType,

@@ -159,6 +159,7 @@ fn run(
         }
     };
     let mut cache = generate::Cache::default();
+    generate::restore_prefix(&mut ctx, &mut cache, &model, &cfg);
     // The queue closes when the engine drops this role's Worker.
     while let Ok(msg) = rx.recv() {
         let _running = generate::Running::start();

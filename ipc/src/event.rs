@@ -116,6 +116,10 @@ pub struct ModelStatus {
     /// Last load error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Bytes of the file keeping this role's shared prefix (a guard's instructions) across
+    /// loads and restarts, once written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_file_bytes: Option<u64>,
 }
 
 /// The daemon's state, answered to `status` and pushed to subscribers.

@@ -205,6 +205,17 @@ pub fn status(s: &kazeia_ipc::StatusReport) {
                 m.shares_model_with.join(", ")
             );
         }
+        if let Some(b) = m.prefix_file_bytes {
+            outln!(
+                "{:<10} {:<9} {:<6} {:>9} {:>5}  keeps its shared prefix in a {:.1} MiB file",
+                "",
+                "",
+                "",
+                "",
+                "",
+                to_mib(b)
+            );
+        }
         if let Some(e) = &m.error {
             outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  error: {e}", "", "", "", "", "");
         }

@@ -43,7 +43,9 @@ impl Supervisor {
         self.set_role(role, ModelState::Loading, Some(0.0), None);
         let engine = self.engine.clone();
         let rss_before = rss_bytes();
-        let result = tokio::task::spawn_blocking(move || engine.load(&cfg.role_params(), path, Box::new(progress)))
+        let mut params = cfg.role_params();
+        params.prefix_dir = self.config.daemon.prefix_dir();
+        let result = tokio::task::spawn_blocking(move || engine.load(&params, path, Box::new(progress)))
             .await
             .map_err(|e| LlmError::new(ErrorCode::Engine, format!("load task: {e}")))?;
         match result {

@@ -196,6 +196,7 @@ impl Supervisor {
                 measured_bytes: if first { entry.and_then(|e| e.measured) } else { None },
                 progress: None,
                 error: None,
+                prefix_file_bytes: None,
             };
         // Placements were copied at load: `stt` itself is locked for whole transcriptions.
         let (stt_dev, stt_why, vad_dev) = match &loaded {

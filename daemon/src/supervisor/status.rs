@@ -32,6 +32,7 @@ impl Supervisor {
                     file_bytes: info.as_ref().map(|i| i.file_bytes),
                     device: Some(placement.device.clone()),
                     placement: Some(placement.reason.clone()),
+                    prefix_file_bytes: info.as_ref().and_then(|i| i.prefix_file.as_ref().map(|(_, b)| *b)),
                     shares_model_with: info.map(|i| i.shares_model_with).unwrap_or_default(),
                     busy: self.engine.pending(&m.role).unwrap_or(0) as u32,
                     turns: self.leased(&m.role) as u32,

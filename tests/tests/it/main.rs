@@ -6,5 +6,6 @@
 mod budget;
 mod cascade;
 mod engine;
+mod prefix;
 mod speech;
 mod thinking;

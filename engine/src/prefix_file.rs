@@ -1,0 +1,203 @@
+//! A role's shared prefix (a guard's instructions), kept on disk so that it survives a restart.
+//!
+//! Android kills idle services and the daemon unloads idle roles: after each load the guard's
+//! instructions were prefilled again before the first verdict (0.67 s of a first guarded turn's
+//! 0.85 s here; ~10 s for a 4B guard on the device's CPU). The engine writes the sequence's state
+//! once it holds exactly the prefix two slots share, and restores it when the role loads.
+//!
+//! Safety first: the file is named by a key over everything the state depends on (the model
+//! file's path, size and mtime, the context's shape and KV types, the template, llama.cpp's
+//! build) and carries the key, the tokens and a SHA-256 of the state. A missing, stale,
+//! truncated or corrupt file means a normal prefill and a log line, never a wrong verdict: the
+//! state is handed to llama.cpp only after every check passed, and the restored tokens only
+//! count where a prompt matches them exactly (the prefix cache compares tokens).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::LlamaStateSeqFlags;
+use sha2::{Digest, Sha256};
+
+use crate::model::SharedModel;
+use crate::params::RoleParams;
+
+const MAGIC: &[u8; 8] = b"KZPFX\0\0\x01";
+/// Largest state written (a 4B guard's 2k-token prefix is ~150 MiB of KV at f16).
+const MAX_BYTES: usize = 512 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrefixFileError {
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("{0}: {1}")]
+    Invalid(String, &'static str),
+}
+
+/// Where this role's prefix lives, named by its key, and the key (also inside the file: a file
+/// copied or renamed under another key's name is refused); None when the role keeps none.
+pub fn path(cfg: &RoleParams, model: &SharedModel) -> Option<(PathBuf, [u8; 32])> {
+    let dir = cfg.prefix_dir.as_ref()?;
+    let meta = std::fs::metadata(&model.path).ok()?;
+    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    let key = format!(
+        "{}|{}|{mtime}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        model.path.display(),
+        meta.len(),
+        cfg.n_ctx,
+        cfg.n_batch,
+        cfg.n_ubatch,
+        cfg.type_k,
+        cfg.type_v,
+        cfg.flash_attn,
+        cfg.cache_slots,
+        cfg.chat_template.as_deref().or(model.template.as_deref()).unwrap_or(""),
+        env!("CARGO_PKG_VERSION"),
+    );
+    let hash = Sha256::digest(format!("{key}|{}", llama_build()).as_bytes());
+    let name: String = hash[..12].iter().map(|b| format!("{b:02x}")).collect();
+    Some((dir.join(format!("{}-{name}.prefix", file_safe(&cfg.role))), hash.into()))
+}
+
+/// The llama.cpp bindings pinned in the workspace's Cargo.toml (a test keeps them equal): its
+/// state layout may change between versions.
+const LLAMA_CPP_SYS: &str = "0.1.161";
+
+/// llama.cpp's build, part of the key: the pinned version and the CPU features it uses.
+fn llama_build() -> String {
+    // SAFETY: llama_print_system_info returns a static NUL-terminated string.
+    let info = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
+    format!("{LLAMA_CPP_SYS} {}", info.to_string_lossy())
+}
+
+/// Role names come from the config; keep them to a harmless file-name alphabet.
+fn file_safe(role: &str) -> String {
+    role.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(64).collect()
+}
+
+/// Write sequence `seq` (holding exactly `tokens`) to `path`, replacing the role's older files.
+pub fn save(
+    ctx: &LlamaContext<'_>,
+    seq: i32,
+    tokens: &[LlamaToken],
+    path: &Path,
+    key: &[u8; 32],
+) -> Result<usize, PrefixFileError> {
+    let show = path.display().to_string();
+    let flags = LlamaStateSeqFlags::empty();
+    let size = ctx.state_seq_get_size_ext(seq, flags);
+    if size == 0 || size > MAX_BYTES {
+        return Err(PrefixFileError::Invalid(show, "state too large to keep"));
+    }
+    let mut state = vec![0u8; size];
+    // SAFETY: `state` holds the size llama.cpp just reported for this sequence.
+    let n = unsafe { ctx.state_seq_get_data_ext(state.as_mut_ptr(), seq, flags) };
+    if n != size {
+        return Err(PrefixFileError::Invalid(show, "llama.cpp wrote a different size than it announced"));
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| PrefixFileError::Io(dir.display().to_string(), e))?;
+    // The role's files under other keys are stale now: one file per role.
+    let role = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.rsplit_once('-')).map(|(r, _)| format!("{r}-"));
+    if let (Some(role), Ok(entries)) = (role, std::fs::read_dir(dir)) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&role) && name.ends_with(".prefix") && e.path() != path {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    // Written aside, then renamed: a reader never sees half a file.
+    let tmp = path.with_extension("prefix.tmp");
+    let io = |e| PrefixFileError::Io(tmp.display().to_string(), e);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+    f.write_all(MAGIC).map_err(io)?;
+    f.write_all(key).map_err(io)?;
+    f.write_all(&(tokens.len() as u32).to_le_bytes()).map_err(io)?;
+    for t in tokens {
+        f.write_all(&t.0.to_le_bytes()).map_err(io)?;
+    }
+    f.write_all(&(state.len() as u64).to_le_bytes()).map_err(io)?;
+    f.write_all(&Sha256::digest(&state)).map_err(io)?;
+    f.write_all(&state).map_err(io)?;
+    f.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(|e| PrefixFileError::Io(show, e))?;
+    Ok(state.len())
+}
+
+/// Read `path` and restore it into sequence `seq`: the tokens it holds now.
+pub fn restore(
+    ctx: &mut LlamaContext<'_>,
+    seq: i32,
+    path: &Path,
+    key: &[u8; 32],
+) -> Result<Vec<LlamaToken>, PrefixFileError> {
+    let show = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| PrefixFileError::Io(show.clone(), e))?;
+    let bad = |why| PrefixFileError::Invalid(show.clone(), why);
+    let mut r = Reader(&bytes);
+    if r.take(MAGIC.len()).ok_or(bad("truncated"))? != MAGIC {
+        return Err(bad("not a prefix file of this version"));
+    }
+    if r.array::<32>().ok_or(bad("truncated"))? != *key {
+        return Err(bad("made for another model, context or build (stale)"));
+    }
+    let n = u32::from_le_bytes(r.array().ok_or(bad("truncated"))?) as usize;
+    if n == 0 || n > ctx.n_ctx() as usize {
+        return Err(bad("token count out of range"));
+    }
+    let mut tokens = Vec::with_capacity(n);
+    for _ in 0..n {
+        tokens.push(LlamaToken(i32::from_le_bytes(r.array().ok_or(bad("truncated"))?)));
+    }
+    let len = u64::from_le_bytes(r.array().ok_or(bad("truncated"))?) as usize;
+    let sum: [u8; 32] = r.array().ok_or(bad("truncated"))?;
+    let state = r.take(len).ok_or(bad("truncated"))?;
+    if !r.0.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    if Sha256::digest(state).as_slice() != sum {
+        return Err(bad("checksum mismatch (corrupt)"));
+    }
+    // SAFETY: these bytes are a state llama.cpp wrote for a context of the same key (model file,
+    // shape, types, build), verified intact by their SHA-256.
+    let ok = unsafe { ctx.state_seq_set_data_ext(state, seq, LlamaStateSeqFlags::empty()) };
+    if !ok {
+        let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+        return Err(bad("llama.cpp refused the state"));
+    }
+    Ok(tokens)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N).map(|s| s.try_into().expect("N bytes"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_pinned_llama_cpp_is_the_one_in_the_key() {
+        let manifest = include_str!("../../Cargo.toml");
+        assert!(manifest.contains(&format!("llama-cpp-sys-2 = \"={}\"", super::LLAMA_CPP_SYS)), "update LLAMA_CPP_SYS");
+    }
+
+    #[test]
+    fn role_names_become_harmless_file_names() {
+        assert_eq!(super::file_safe("guard"), "guard");
+        assert_eq!(super::file_safe("../../etc/x\u{0}"), "______etc_x_");
+    }
+}

@@ -1,0 +1,97 @@
+//! A guard's instructions survive a restart (engine/src/prefix_file.rs): written once two slots
+//! share them, restored at the next load, and never trusted when missing, stale, truncated or
+//! corrupt — each of those is a normal prefill with the same verdict as a cold context.
+
+use kazeia_engine::Engine;
+use kazeia_pipelines::{ChatMessage, Classification, ClassifyRequest, Llm};
+use kazeia_tests::{config, model_toml, smollm2};
+use tokio_util::sync::CancellationToken;
+
+/// The guard role on SmolLM2, two slots, its prefix files in `dir` (None: no file).
+fn load(dir: Option<&std::path::Path>, n_ctx: u32) -> Engine {
+    let c = config(&model_toml("guard", &smollm2(), &format!("n_ctx = {n_ctx}\ncache_slots = 2")));
+    let m = c.model("guard").unwrap().clone();
+    let mut params = m.role_params();
+    params.prefix_dir = dir.map(|d| d.to_path_buf());
+    let engine = Engine::new();
+    engine.load(&params, c.model_path(&m), Box::new(|_| {})).unwrap();
+    engine
+}
+
+/// A guard-shaped check: long fixed instructions, then the text.
+async fn check(engine: &Engine, text: &str, slot: u32) -> Classification {
+    let instructions = "You are a safety classifier. Read the user's message and decide whether it asks for \
+        something harmful: violence, weapons, self-harm, sexual content involving minors, or illegal acts. \
+        Answer with exactly one word, Safe or Unsafe.";
+    let req = ClassifyRequest {
+        role: "guard".into(),
+        messages: vec![ChatMessage::new("system", instructions), ChatMessage::new("user", text)],
+        answer_prefix: "Safety:".into(),
+        labels: vec![" Safe".into(), " Unsafe".into()],
+        reuse_cache: true,
+        slot,
+    };
+    engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
+}
+
+fn prefix_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "prefix"))
+        .collect()
+}
+
+fn same_verdict(a: &Classification, b: &Classification) {
+    assert_eq!(a.label, b.label);
+    for ((l, p), (_, q)) in a.scores.iter().zip(&b.scores) {
+        assert!((p - q).abs() < 0.02, "{l}: {p} vs {q}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = "What is the capital of France?";
+    // What a cold context answers, with no file anywhere.
+    let cold = check(&load(None, 2048), q, 0).await;
+    assert_eq!(cold.prefilled_tokens, cold.prompt_tokens);
+
+    // Missing: a normal prefill. The output slot then shares the instructions: written.
+    let first = load(Some(dir.path()), 2048);
+    let a = check(&first, "Is water wet?", 0).await;
+    assert_eq!(a.prefilled_tokens, a.prompt_tokens, "no file yet: a cold prefill");
+    let _ = check(&first, "How do I bake bread?", 1).await;
+    let (_, bytes) = first.info("guard").unwrap().prefix_file.expect("status shows the prefix file");
+    assert!(bytes > 0);
+    drop(first);
+    let files = prefix_files(dir.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let good = std::fs::read(&files[0]).unwrap();
+
+    // A restart: the instructions come from the file, the verdict is the cold one.
+    let restored = check(&load(Some(dir.path()), 2048), q, 0).await;
+    assert!(restored.prefilled_tokens * 2 < restored.prompt_tokens, "not restored: {restored:?}");
+    same_verdict(&restored, &cold);
+
+    // Stale: another context shape has another key (and another file name)...
+    let other = check(&load(Some(dir.path()), 1024), q, 0).await;
+    assert_eq!(other.prefilled_tokens, other.prompt_tokens, "{other:?}");
+    // ...and a file copied under the right name from another key is refused too.
+    let mut renamed = good.clone();
+    renamed[8] ^= 0xff; // the key, right after the 8-byte magic
+                        // Truncated and corrupt (a flipped bit in the state itself).
+    let mut corrupt = good.clone();
+    let at = corrupt.len() - 100;
+    corrupt[at] ^= 0x01;
+    for (what, bytes) in
+        [("another key", renamed), ("truncated", good[..good.len() / 2].to_vec()), ("corrupt", corrupt)]
+    {
+        std::fs::write(&files[0], &bytes).unwrap();
+        let r = check(&load(Some(dir.path()), 2048), q, 0).await;
+        assert_eq!(r.prefilled_tokens, r.prompt_tokens, "{what}: the file was used: {r:?}");
+        same_verdict(&r, &cold);
+        assert!(!files[0].exists(), "{what}: a bad file is removed");
+    }
+}
