@@ -243,10 +243,31 @@ async fn qwen35_sessions_reuse_their_earlier_turns() {
             let engines = Engines { llm: &engine, policy: &policy, sessions: Some(&sessions) };
             run_turn(&pipeline, input, engines, CancellationToken::new(), tx).await;
             let mut last = None;
+            let mut reply = String::new();
             while let Ok(e) = rx.try_recv() {
+                if let Event::Token { text, .. } = &e {
+                    reply.push_str(text);
+                }
                 last = Some(e);
             }
             let Some(Event::Done { metrics, .. }) = last else { panic!("{last:?}") };
+            // What a full prefill of the same conversation gives, greedy: the rewound state must
+            // be exactly the one a prefill would have built.
+            let history = sessions.history("s");
+            let fresh = Engine::new();
+            load(&fresh, &model_toml("thinker", &qwen35_tiny(), &extra), "thinker");
+            let asked = history[..history.len() - 1].to_vec();
+            let (_, cold_reply, cold) = generate(
+                &fresh,
+                asked,
+                GenerateOptions { temperature: Some(0.0), max_tokens: Some(12), ..Default::default() },
+            )
+            .await;
+            assert_eq!(cold.cached_tokens, 0);
+            assert_eq!(
+                reply, cold_reply,
+                "{template:?} turn {i}: the rewound cache answers otherwise than a full prefill"
+            );
             if i == 0 && template.is_none() {
                 chatml_first = metrics.prompt_tokens;
             }
