@@ -64,11 +64,17 @@ pub fn path(cfg: &RoleParams, model: &SharedModel) -> Option<(PathBuf, [u8; 32])
 /// state layout may change between versions.
 const LLAMA_CPP_SYS: &str = "0.1.161";
 
-/// llama.cpp's build, part of the key: the pinned version and the CPU features it uses.
-fn llama_build() -> String {
-    // SAFETY: llama_print_system_info returns a static NUL-terminated string.
-    let info = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
-    format!("{LLAMA_CPP_SYS} {}", info.to_string_lossy())
+/// llama.cpp's build, part of the key: the pinned version and the CPU features it uses. Read
+/// once per process: `llama_print_system_info` rebuilds a static std::string on every call, so
+/// two threads calling it at once (status on one, a worker on another) corrupted the heap
+/// (seen: "corrupted size vs. prev_size", SIGABRT, in the admission tests).
+fn llama_build() -> &'static str {
+    static BUILD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BUILD.get_or_init(|| {
+        // SAFETY: called once (OnceLock); the returned string is copied before any other call.
+        let info = unsafe { std::ffi::CStr::from_ptr(llama_cpp_sys_2::llama_print_system_info()) };
+        format!("{LLAMA_CPP_SYS} {}", info.to_string_lossy())
+    })
 }
 
 /// Role names come from the config; keep them to a harmless file-name alphabet.
@@ -108,8 +114,11 @@ pub fn save(
             }
         }
     }
-    // Written aside, then renamed: a reader never sees half a file.
-    let tmp = path.with_extension("prefix.tmp");
+    // Written aside, then renamed: a reader never sees half a file, and two writers (two
+    // engines in one process, or two processes) never write into the same one.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("prefix.{}-{n}.tmp", std::process::id()));
     let io = |e| PrefixFileError::Io(tmp.display().to_string(), e);
     let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
     f.write_all(MAGIC).map_err(io)?;
@@ -119,7 +128,7 @@ pub fn save(
         f.write_all(&t.0.to_le_bytes()).map_err(io)?;
     }
     f.write_all(&(state.len() as u64).to_le_bytes()).map_err(io)?;
-    f.write_all(&Sha256::digest(&state)).map_err(io)?;
+    f.write_all(&checksum(tokens, &state)).map_err(io)?;
     f.write_all(&state).map_err(io)?;
     f.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|e| PrefixFileError::Io(show, e))?;
@@ -157,7 +166,7 @@ pub fn restore(
     if !r.0.is_empty() {
         return Err(bad("trailing bytes"));
     }
-    if Sha256::digest(state).as_slice() != sum {
+    if checksum(&tokens, state) != sum {
         return Err(bad("checksum mismatch (corrupt)"));
     }
     // SAFETY: these bytes are a state llama.cpp wrote for a context of the same key (model file,
@@ -168,6 +177,16 @@ pub fn restore(
         return Err(bad("llama.cpp refused the state"));
     }
     Ok(tokens)
+}
+
+/// SHA-256 over the tokens and the state: a file whose tokens or state changed is refused.
+fn checksum(tokens: &[LlamaToken], state: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for t in tokens {
+        h.update(t.0.to_le_bytes());
+    }
+    h.update(state);
+    h.finalize().into()
 }
 
 struct Reader<'a>(&'a [u8]);
