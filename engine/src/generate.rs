@@ -200,9 +200,14 @@ impl Run<'_, '_> {
         let common = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         // With logits, at least the last prompt token is decoded again.
         let mut keep = if logits { common.min(tokens.len() - 1) } else { common };
+        // Hybrid models: where this prompt departs from the previous one, when that had to be
+        // decoded again; a checkpoint there lets the next prompt that shares as much (a guard's
+        // next check after its instructions) rewind instead of starting over.
+        let mut mark = None;
         if keep < cached.len() {
             let removed = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(keep as u32), None).unwrap_or(false);
             if !removed {
+                mark = Some(keep);
                 // Recurrent state (e.g. Qwen3.5's DeltaNet layers) cannot be cut back: back to
                 // the checkpoint if one is before the difference, else start over.
                 keep = match self.rewind_to_checkpoint(keep) {
@@ -245,34 +250,47 @@ impl Run<'_, '_> {
         let total = tokens.len() as u32;
         let mut decoded = 0u32;
         let mut logits_idx = 0;
-        for piece in tokens[keep..].chunks(chunk) {
-            if cancelled() {
-                return Ok(Prefilled {
-                    decoded,
-                    cached: keep as u32,
-                    logits_idx,
-                    cancelled: true,
-                    secs: t.elapsed().as_secs_f64(),
-                });
+        let mut ends = vec![tokens.len()];
+        if let Some(m) = mark.filter(|&m| m >= 16 && m > keep && m < tokens.len()) {
+            ends.insert(0, m);
+        }
+        let mut start = keep;
+        for end in ends {
+            for piece in tokens[start..end].chunks(chunk) {
+                if cancelled() {
+                    return Ok(Prefilled {
+                        decoded,
+                        cached: keep as u32,
+                        logits_idx,
+                        cancelled: true,
+                        secs: t.elapsed().as_secs_f64(),
+                    });
+                }
+                batch.clear();
+                let base = self.cache.seq(seq as usize).len();
+                for (j, &tok) in piece.iter().enumerate() {
+                    let pos = base + j;
+                    batch
+                        .add(tok, pos as i32, &[seq], logits && pos + 1 == tokens.len())
+                        .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
+                }
+                if let Err(e) = self.compute.decode(self.ctx, &mut batch) {
+                    self.reset();
+                    return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
+                }
+                self.cache.seq(seq as usize).extend_from_slice(piece);
+                decoded += piece.len() as u32;
+                logits_idx = batch.n_tokens() - 1;
+                if let Some(ev) = events {
+                    let _ = ev.send(GenEvent::Prefill { done: keep as u32 + decoded, total, at: Instant::now() });
+                }
             }
-            batch.clear();
-            let base = self.cache.seq(seq as usize).len();
-            for (j, &tok) in piece.iter().enumerate() {
-                let pos = base + j;
-                batch
-                    .add(tok, pos as i32, &[seq], logits && pos + 1 == tokens.len())
-                    .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
+            if end < tokens.len() {
+                if let Ok(state) = self.ctx.state_seq_get(seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
+                    *self.cache.checkpoint(seq as usize) = Some((end, state));
+                }
             }
-            if let Err(e) = self.compute.decode(self.ctx, &mut batch) {
-                self.reset();
-                return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
-            }
-            self.cache.seq(seq as usize).extend_from_slice(piece);
-            decoded += piece.len() as u32;
-            logits_idx = batch.n_tokens() - 1;
-            if let Some(ev) = events {
-                let _ = ev.send(GenEvent::Prefill { done: keep as u32 + decoded, total, at: Instant::now() });
-            }
+            start = end;
         }
         Ok(Prefilled { decoded, cached: keep as u32, logits_idx, cancelled: false, secs: t.elapsed().as_secs_f64() })
     }

@@ -9,7 +9,11 @@ use tokio_util::sync::CancellationToken;
 
 /// The guard role on SmolLM2, two slots, its prefix files in `dir` (None: no file).
 fn load(dir: Option<&std::path::Path>, n_ctx: u32) -> Engine {
-    let c = config(&model_toml("guard", &smollm2(), &format!("n_ctx = {n_ctx}\ncache_slots = 2")));
+    load_file(&smollm2(), dir, n_ctx)
+}
+
+fn load_file(file: &std::path::Path, dir: Option<&std::path::Path>, n_ctx: u32) -> Engine {
+    let c = config(&model_toml("guard", file, &format!("n_ctx = {n_ctx}\ncache_slots = 2")));
     let m = c.model("guard").unwrap().clone();
     let mut params = m.role_params();
     params.prefix_dir = dir.map(|d| d.to_path_buf());
@@ -94,4 +98,20 @@ async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() 
         same_verdict(&r, &cold);
         assert!(!files[0].exists(), "{what}: a bad file is removed");
     }
+}
+
+/// A hybrid guard (the tiny qwen35): its state cannot be cut back after the instructions, so
+/// the second check leaves a checkpoint where the two prompts part, and the third rewinds there
+/// instead of prefilling the instructions again — with the verdict of a cold context.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hybrid_guard_prefills_its_instructions_once() {
+    let file = kazeia_tests::qwen35_tiny();
+    let guard = load_file(&file, None, 2048);
+    let first = check(&guard, "Is water wet?", 0).await;
+    let second = check(&guard, "How do I bake bread?", 0).await;
+    assert_eq!(second.prefilled_tokens, second.prompt_tokens, "no checkpoint yet: {second:?}");
+    let third = check(&guard, "What is the capital of France?", 0).await;
+    assert!(third.prefilled_tokens * 2 < third.prompt_tokens, "the instructions again: {third:?} (first {first:?})");
+    let cold = check(&load_file(&file, None, 2048), "What is the capital of France?", 0).await;
+    same_verdict(&third, &cold);
 }
