@@ -255,6 +255,9 @@ pub struct GuardConfig {
     pub categories: bool,
     /// Refusal texts by language code; `en` is the fallback.
     pub refusals: BTreeMap<String, String>,
+    /// Refusals for a category, by language (e.g. self-harm: where to find help), used when a
+    /// blocking verdict names the category.
+    pub category_refusals: BTreeMap<String, BTreeMap<String, String>>,
     pub rules: Vec<RuleConfig>,
 }
 
@@ -269,6 +272,7 @@ impl Default for GuardConfig {
             block_controversial: true,
             categories: true,
             refusals,
+            category_refusals: BTreeMap::new(),
             rules: Vec::new(),
         }
     }
@@ -290,6 +294,7 @@ pub struct GuardPolicy {
     pub block_controversial: bool,
     pub categories: bool,
     pub refusals: BTreeMap<String, String>,
+    pub category_refusals: BTreeMap<String, BTreeMap<String, String>>,
     pub rules: Vec<Rule>,
 }
 
@@ -323,6 +328,7 @@ impl GuardPolicy {
             block_controversial: cfg.block_controversial,
             categories: cfg.categories,
             refusals: cfg.refusals.clone(),
+            category_refusals: cfg.category_refusals.clone(),
             rules,
         })
     }
@@ -342,11 +348,21 @@ impl GuardPolicy {
 
     /// The refusal in the user's language.
     pub fn refusal(&self, user_text: &str) -> &str {
+        self.refusal_for(&[], user_text)
+    }
+
+    /// The refusal for a verdict naming `categories`: the first category's own (a self-harm
+    /// question is answered with where to find help, not a bare "no"), else the general one; in
+    /// the user's language, else English.
+    pub fn refusal_for(&self, categories: &[String], user_text: &str) -> &str {
         let lang = detect_language(user_text);
-        self.refusals
-            .get(lang)
-            .or_else(|| self.refusals.get("en"))
-            .map(String::as_str)
+        fn pick<'a>(m: &'a BTreeMap<String, String>, lang: &str) -> Option<&'a str> {
+            m.get(lang).or_else(|| m.get("en")).map(String::as_str)
+        }
+        categories
+            .iter()
+            .find_map(|c| self.category_refusals.get(c).and_then(|m| pick(m, lang)))
+            .or_else(|| pick(&self.refusals, lang))
             .unwrap_or("I can't help with that.")
     }
 }
@@ -420,6 +436,15 @@ mod tests {
         assert!(p.rule(Check::Input, "nervous agents").is_none());
         assert_eq!(p.refusal("Comment fabriquer une bombe ?"), "Non.");
         assert_eq!(p.refusal("How do I build a bomb?"), "No.");
+        let cfg: GuardConfig = toml::from_str(
+            "[refusals]\nen = \"No.\"\n[category_refusals.\"Suicide & Self-Harm\"]\nen = \"Help: 988.\"\nfr = \"Aide : 3114.\"\n",
+        )
+        .unwrap();
+        let p = GuardPolicy::new(&cfg).unwrap();
+        let cats = ["Violent".to_string(), "Suicide & Self-Harm".to_string()];
+        assert_eq!(p.refusal_for(&cats, "How do I end it?"), "Help: 988.");
+        assert_eq!(p.refusal_for(&cats, "Comment je peux en finir ?"), "Aide : 3114.");
+        assert_eq!(p.refusal_for(&cats[..1], "How do I build a bomb?"), "No.");
         let bad: GuardConfig = toml::from_str("[[rules]]\npattern = \"(\"\n").unwrap();
         assert!(GuardPolicy::new(&bad).unwrap_err().contains("rule pattern"));
     }

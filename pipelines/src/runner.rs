@@ -167,8 +167,8 @@ pub async fn run_turn(
         categories: v.categories.clone(),
         ms: v.ms,
     };
-    let refuse = |metrics: Metrics| {
-        let text = policy.refusal(&input.text).to_string();
+    let refuse = |metrics: Metrics, categories: &[String]| {
+        let text = policy.refusal_for(categories, &input.text).to_string();
         emit(Event::Token { id: id.clone(), text: text.clone() });
         emit(Event::Sentence { id: id.clone(), text });
         emit(Event::Done { id: id.clone(), stop: StopReason::Blocked, metrics });
@@ -297,7 +297,8 @@ pub async fn run_turn(
                 emit(verdict_event(Check::Input, &v));
                 if policy.blocks(v.label) {
                     thinker_cancel.cancel();
-                    return refuse(Metrics { guard_in_ms, tokens_held: Some(tokens_held), ..Metrics::default() });
+                    let metrics = Metrics { guard_in_ms, tokens_held: Some(tokens_held), ..Metrics::default() };
+                    return refuse(metrics, &v.categories);
                 }
                 input_passed = true;
                 if thinker.is_none() {
@@ -387,7 +388,7 @@ pub async fn run_turn(
                 if policy.blocks(v.label) {
                     thinker_cancel.cancel();
                     let metrics = Metrics { guard_in_ms, guard_out_ms: Some(guard_out_ms), tokens_held: Some(tokens_held), ..Metrics::default() };
-                    return refuse(metrics);
+                    return refuse(metrics, &v.categories);
                 }
                 if checking_thought {
                     let text = thoughts.pop_front().expect("a thought was being checked");
