@@ -10,5 +10,6 @@ pub use client::{Client, ClientError, Incoming};
 pub use event::{ErrorCode, Event, Limits, Metrics, ModelState, ModelStatus, StatusReport, StopReason};
 pub use frame::{AudioFrame, Frame, FrameCodec, FrameError, InvalidFrame, MAX_FRAME};
 pub use request::{
-    parse_request, AudioSpec, ParseError, Request, TurnOptions, DEFAULT_PIPELINE, PROTOCOL_VERSION, REQUEST_TYPES,
+    parse_request, AudioSpec, ParseError, Request, TurnOptions, DEFAULT_PIPELINE, MAX_ID_BYTES, PROTOCOL_VERSION,
+    REQUEST_TYPES,
 };

@@ -112,6 +112,23 @@ pub struct ParseError {
     pub message: String,
 }
 
+/// Longest request id or session name, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// Why a client-chosen name (a request id, a session) is refused: ids end up in logs and
+/// events, so they are short and printable (a NUL in an id once panicked a worker).
+fn bad_name(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        Some("must not be empty")
+    } else if s.len() > MAX_ID_BYTES {
+        Some("must be at most 128 bytes")
+    } else if s.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else {
+        None
+    }
+}
+
 /// Parse a JSON frame's body, telling apart bad JSON, an unknown type and a malformed request.
 pub fn parse_request(body: &[u8]) -> Result<Request, ParseError> {
     use crate::ErrorCode;
@@ -120,6 +137,15 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ParseError> {
         code: ErrorCode::BadJson,
         message: e.to_string(),
     })?;
+    if !v.is_object() {
+        return Err(ParseError { id: None, code: ErrorCode::BadJson, message: "a request is one JSON object".into() });
+    }
+    for field in ["id", "session"] {
+        if let Some(why) = v.get(field).and_then(|i| i.as_str()).and_then(bad_name) {
+            // The id is not echoed: it is the problem.
+            return Err(ParseError { id: None, code: ErrorCode::BadRequest, message: format!("`{field}` {why}") });
+        }
+    }
     let id = v.get("id").and_then(|i| i.as_str()).map(str::to_string);
     let ty = v.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
     if !REQUEST_TYPES.contains(&ty.as_str()) {
@@ -143,6 +169,20 @@ mod parse_tests {
         let e = parse_request(br#"{"type":"turn","id":"8","options":{"bogus":1}}"#).unwrap_err();
         assert_eq!((e.code, e.id.as_deref()), (ErrorCode::BadRequest, Some("8")));
         assert_eq!(parse_request(br#"{"type":"status","id":"9"}"#).unwrap(), Request::Status { id: "9".into() });
+        // Not an object: bad JSON for the protocol.
+        assert_eq!(parse_request(b"[1,2]").unwrap_err().code, ErrorCode::BadJson);
+        assert_eq!(parse_request(b"\"status\"").unwrap_err().code, ErrorCode::BadJson);
+        // Ids and sessions: short, printable, not echoed when they are the problem.
+        for body in [
+            r#"{"type":"status","id":"a\u0000b"}"#.to_string(),
+            format!(r#"{{"type":"status","id":"{}"}}"#, "x".repeat(129)),
+            r#"{"type":"status","id":""}"#.to_string(),
+            r#"{"type":"turn","id":"t","text":"hi","session":"s\nx"}"#.to_string(),
+        ] {
+            let e = parse_request(body.as_bytes()).unwrap_err();
+            assert_eq!((e.code, e.id.as_deref()), (ErrorCode::BadRequest, None), "{body}");
+        }
+        assert!(parse_request(format!(r#"{{"type":"status","id":"{}"}}"#, "é".repeat(64)).as_bytes()).is_ok());
         // No pipeline: the guarded one.
         match parse_request(br#"{"type":"turn","id":"1","text":"hi"}"#).unwrap() {
             Request::Turn { pipeline, .. } => assert_eq!(pipeline, "guarded-chat"),
@@ -188,6 +228,15 @@ mod parse_tests {
         #[test]
         fn arbitrary_bytes_parse_or_get_a_code(b in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = parse_request(&b);
+        }
+
+        /// Whatever id a client sends, an accepted request's id is short and printable.
+        #[test]
+        fn accepted_ids_are_short_and_printable(id in "\\PC{0,140}|[\\x00-\\x1f]{1,4}|.{0,200}") {
+            let body = serde_json::json!({"type": "status", "id": id}).to_string();
+            if let Ok(Request::Status { id }) = parse_request(body.as_bytes()) {
+                prop_assert!(!id.is_empty() && id.len() <= MAX_ID_BYTES && !id.chars().any(char::is_control));
+            }
         }
     }
 }

@@ -128,8 +128,10 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
                 let _ = framed.send(refuse(ErrorCode::HandshakeRequired, "the first frame must be hello".into())).await;
                 return;
             }
+            // Not even a request: still "any other first frame" (docs/PROTOCOL.md).
             Err(e) => {
-                let _ = framed.send(refuse(ErrorCode::BadJson, format!("expected hello: {e}"))).await;
+                let message = format!("the first frame must be hello: {e}");
+                let _ = framed.send(refuse(ErrorCode::HandshakeRequired, message)).await;
                 return;
             }
         },

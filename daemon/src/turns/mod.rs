@@ -129,7 +129,7 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
             ignore_eos: false,
             thinking_budget: o.thinking_budget,
         },
-        session: turn.request.session.clone(),
+        session: turn.request.session.as_deref().map(|s| session_key(turn.who.uid, s)),
         show_thinking: o.show_thinking,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -192,5 +192,26 @@ fn log_end(turn: &Turn, last: &Event) {
         }
         Event::Error { code, .. } => tracing::info!(conn, id = ?id, pipeline, code = code.as_str(), "turn ended"),
         _ => tracing::warn!(conn, id = ?id, pipeline, "turn ended without a final event"),
+    }
+}
+
+/// A session's key in the store: the client's name, within its user's own space (two users
+/// naming a session "default" never share a conversation). The separator is a control
+/// character, which a client's name cannot hold (the parser refuses them).
+pub fn session_key(uid: u32, name: &str) -> String {
+    format!("{uid}\u{1f}{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sessions_are_scoped_to_their_user() {
+        assert_ne!(super::session_key(1000, "default"), super::session_key(1001, "default"));
+        // No name can make one user's key look like another's.
+        assert_ne!(super::session_key(10, "0\u{1f}x"), super::session_key(100, "x"));
+        assert!(kazeia_ipc::parse_request(
+            "{\"type\":\"turn\",\"id\":\"t\",\"text\":\"hi\",\"session\":\"0\\u001fx\"}".as_bytes()
+        )
+        .is_err());
     }
 }

@@ -201,6 +201,12 @@ fn bad_input_gets_error_codes_and_others_are_unaffected() {
     assert_eq!(read_json(&mut s)["code"], "handshake_required");
     assert!(is_eof(&mut s));
 
+    // A first frame that is not even JSON: still "not hello".
+    let mut s = raw(&d, false);
+    write_frame(&mut s, 1, b"{not json");
+    assert_eq!(read_json(&mut s)["code"], "handshake_required");
+    assert!(is_eof(&mut s));
+
     // Wrong protocol version.
     let mut s = raw(&d, false);
     write_frame(&mut s, 1, br#"{"type":"hello","protocol":99}"#);
@@ -229,6 +235,17 @@ fn bad_input_gets_error_codes_and_others_are_unaffected() {
     let e = read_json(&mut s);
     assert_eq!((e["code"].as_str(), e["id"].as_str()), (Some("no_audio_request"), Some("zz")));
     write_frame(&mut s, 1, br#"{"type":"status","id":"s1"}"#);
+    assert_eq!(read_json(&mut s)["type"], "status");
+    // Not an object; ids with a NUL or too long: codes, no echo of the bad id, and on it goes.
+    write_frame(&mut s, 1, b"[1,2]");
+    assert_eq!(read_json(&mut s)["code"], "bad_json");
+    write_frame(&mut s, 1, br#"{"type":"status","id":"a\u0000b"}"#);
+    let e = read_json(&mut s);
+    assert_eq!((e["code"].as_str(), e.get("id")), (Some("bad_request"), None), "{e}");
+    let long = serde_json::json!({"type":"transcribe","id":"x".repeat(200)}).to_string();
+    write_frame(&mut s, 1, long.as_bytes());
+    assert_eq!(read_json(&mut s)["code"], "bad_request");
+    write_frame(&mut s, 1, br#"{"type":"status","id":"s2"}"#);
     assert_eq!(read_json(&mut s)["type"], "status");
 
     // A frame over the limit: an error, then the connection closes (the stream is out of step).
