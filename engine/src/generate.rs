@@ -673,6 +673,11 @@ fn classify(
     // Each label as it would continue the prompt: " Safe", " Unsafe", …
     let seqs: Vec<Vec<LlamaToken>> = req.labels.iter().map(|l| vocab.tokenize(l.as_bytes(), false, false)).collect();
     let mut alive: Vec<usize> = (0..seqs.len()).filter(|&i| !seqs[i].is_empty()).collect();
+    // Labels that are all empty text once panicked the role's worker (a zombie role: loaded in
+    // status, `no_model` for every request after).
+    if alive.is_empty() {
+        return Err(GenerateError::Prompt(format!("no label has any token to compare: {:?}", req.labels)));
+    }
     let mut depth = 0;
     let mut logits_idx = pre.logits_idx;
     let mut scores: Option<Vec<(String, f32)>> = None;

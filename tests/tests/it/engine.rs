@@ -280,6 +280,13 @@ async fn classify_is_one_pass_cached_and_constrained() {
     assert!([" Unsafe", " Unsure"].contains(&vocab_probe.label.as_str()));
     let cold = vocab_probe.prefilled_tokens;
     assert!(cold >= 1, "{vocab_probe:?}");
+    // Labels with no token at all: a clear error, and the role goes on serving (it once
+    // panicked its worker and stayed a zombie).
+    let rx = engine.classify(ask("Is it?", &["", ""], 0), CancellationToken::new()).unwrap();
+    let e = rx.await.unwrap().unwrap_err();
+    assert!(e.message.contains("no label has any token"), "{e:?}");
+    let again = run(ask("What is the capital of France?", &[" Paris", " London"], 0)).await;
+    assert_eq!(again.label, " Paris");
 }
 
 #[tokio::test(flavor = "multi_thread")]
