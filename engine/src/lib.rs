@@ -54,6 +54,8 @@ pub struct RoleInfo {
     pub shares_model_with: Vec<String>,
     /// The file keeping this role's shared prefix across loads, and its size, if written.
     pub prefix_file: Option<(PathBuf, u64)>,
+    /// Why the role stopped serving (a panic on its thread), if it did.
+    pub failed: Option<String>,
 }
 
 struct Role {
@@ -190,6 +192,7 @@ impl Engine {
                 .filter(|(name, o)| name.as_str() != role && Arc::ptr_eq(&o.model, m))
                 .map(|(name, _)| name.clone())
                 .collect(),
+            failed: r.worker.failed(),
             prefix_file: prefix_file::path(&r.cfg, m)
                 .and_then(|(p, _)| std::fs::metadata(&p).ok().map(|meta| (p, meta.len()))),
         })

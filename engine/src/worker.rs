@@ -9,12 +9,14 @@ use std::thread::JoinHandle;
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 
+use crate::api::{GenEvent, LlmError};
 use crate::backend::backend;
 use crate::error::{GenerateError, LoadError};
 use crate::generate;
 use crate::job::Msg;
 use crate::model::SharedModel;
 use crate::params::{FlashAttn, RoleParams};
+use kazeia_ipc::ErrorCode;
 
 /// llama.cpp mutates the model while creating a context (see llama-cpp-2's `new_context`):
 /// contexts of a shared model must be created one at a time.
@@ -30,6 +32,8 @@ pub struct Worker {
     pending: Arc<AtomicUsize>,
     /// Tokens generated since the role loaded, whoever read them.
     generated: Arc<AtomicU64>,
+    /// Why the role stopped serving (a panic on its thread), if it did.
+    failed: Arc<Mutex<Option<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -46,15 +50,22 @@ impl Worker {
         let role = cfg.role.clone();
         let pending = Arc::new(AtomicUsize::new(0));
         let generated = Arc::new(AtomicU64::new(0));
-        let counters = Counters { pending: pending.clone(), generated: generated.clone() };
+        let failed = Arc::new(Mutex::new(None));
+        let counters = Counters { pending: pending.clone(), generated: generated.clone(), failed: failed.clone() };
         let thread = std::thread::Builder::new()
             .name(format!("llm-{role}"))
             .spawn(move || run(cfg, model, rx, ready_tx, counters, compute))
             .map_err(|e| LoadError::Thread { role: role.clone(), reason: e.to_string() })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => {
-                Ok(Worker { role, queue: Some(tx), capacity: queue_capacity, pending, generated, thread: Some(thread) })
-            }
+            Ok(Ok(())) => Ok(Worker {
+                role,
+                queue: Some(tx),
+                capacity: queue_capacity,
+                pending,
+                generated,
+                failed,
+                thread: Some(thread),
+            }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -92,12 +103,18 @@ impl Worker {
     pub fn generated(&self) -> u64 {
         self.generated.load(Ordering::SeqCst)
     }
+
+    /// Why this role stopped serving, if it did (see `run`).
+    pub fn failed(&self) -> Option<String> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// What the role's thread counts for the engine.
 struct Counters {
     pending: Arc<AtomicUsize>,
     generated: Arc<AtomicU64>,
+    failed: Arc<Mutex<Option<String>>>,
 }
 
 impl Drop for Worker {
@@ -160,19 +177,68 @@ fn run(
     };
     let mut cache = generate::Cache::default();
     generate::restore_prefix(&mut ctx, &mut cache, &model, &cfg);
-    // The queue closes when the engine drops this role's Worker.
+    // The queue closes when the engine drops this role's Worker. A panic while serving a job is
+    // caught: that job's channel closes (its caller sees the engine stop), the role is marked
+    // failed with the reason (status shows it; the supervisor reloads it on next use), and every
+    // job still queued is answered with that error instead of running on a context whose state
+    // is unknown. Without this a panic ended the thread and left a zombie role: loaded in status,
+    // `no_model` for every request, never unloaded by keep-alive.
     while let Ok(msg) = rx.recv() {
         let _running = generate::Running::start();
-        match msg {
-            Msg::Generate(job) => {
-                let n = generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job);
-                counters.generated.fetch_add(u64::from(n), Ordering::SeqCst);
+        let failed = counters.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(why) = failed {
+            let e =
+                LlmError::new(ErrorCode::Engine, format!("role {:?} failed ({why}); it reloads on next use", cfg.role));
+            match msg {
+                Msg::Generate(job) => {
+                    let _ = job.events.send(GenEvent::Finished(Err(e)));
+                }
+                Msg::Classify(job) => {
+                    let _ = job.reply.send(Err(e));
+                }
             }
-            Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+            counters.pending.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fault::maybe_panic(&cfg.role);
+            match msg {
+                Msg::Generate(job) => {
+                    let n = generate::run(&mut ctx, &mut cache, &model, &cfg, &compute, *job);
+                    counters.generated.fetch_add(u64::from(n), Ordering::SeqCst);
+                }
+                Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+            }
+        }));
+        if let Err(panic) = served {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            tracing::error!(role = %cfg.role, "the role's worker panicked: {why}");
+            *counters.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("panic: {why}"));
         }
         counters.pending.fetch_sub(1, Ordering::SeqCst);
     }
     // The context (and with it, this role's KV and compute buffers) is freed here, before the
     // model's last Arc may go.
     drop(ctx);
+}
+
+/// Fault injection for the test that proves a panic on a role's thread is survived: built only
+/// with the `fault-injection` feature (the tests crate's dev-dependency), and then only for the
+/// role named by `KAZEIA_FAULT_PANIC_ROLE`, once.
+mod fault {
+    #[cfg(feature = "fault-injection")]
+    pub fn maybe_panic(role: &str) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static DONE: AtomicBool = AtomicBool::new(false);
+        if std::env::var("KAZEIA_FAULT_PANIC_ROLE").is_ok_and(|r| r == role) && !DONE.swap(true, Ordering::SeqCst) {
+            panic!("injected fault");
+        }
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    pub fn maybe_panic(_role: &str) {}
 }

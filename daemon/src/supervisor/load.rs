@@ -12,8 +12,14 @@ impl Supervisor {
     /// Load `role` unless it is loaded; `progress` sees the load's progress. Concurrent callers
     /// for one role wait for the same load.
     pub async fn ensure_loaded(&self, role: &str, progress: impl Fn(f32) + Send + 'static) -> Result<(), LlmError> {
-        if self.engine.info(role).is_some() {
-            return Ok(());
+        match self.engine.info(role).map(|i| i.failed) {
+            Some(None) => return Ok(()),
+            // Its worker panicked: a fresh context, not a zombie.
+            Some(Some(why)) => {
+                tracing::warn!(role, "reloading a role that failed: {why}");
+                self.unload(role).await;
+            }
+            None => {}
         }
         let cfg = self.config.model(role).map_err(|e| LlmError::new(ErrorCode::NoModel, e.to_string()))?.clone();
         let _one_at_a_time = self.loading.lock().await;

@@ -24,9 +24,10 @@ impl Supervisor {
                 let info = self.engine.info(&m.role);
                 let placement =
                     info.as_ref().map(|i| i.placement.clone()).unwrap_or_else(|| kazeia_engine::place(m.backend));
+                let failed = info.as_ref().and_then(|i| i.failed.clone());
                 ModelStatus {
                     role: m.role.clone(),
-                    state: st.state,
+                    state: if failed.is_some() { ModelState::Failed } else { st.state },
                     file: self.config.model_path(m).display().to_string(),
                     architecture: info.as_ref().map(|i| i.architecture.clone()),
                     file_bytes: info.as_ref().map(|i| i.file_bytes),
@@ -40,7 +41,7 @@ impl Supervisor {
                     reserved_bytes: ledger.get(&m.role).map(|e| e.reserved),
                     measured_bytes: ledger.get(&m.role).and_then(|e| e.measured),
                     progress: st.progress,
-                    error: st.error,
+                    error: failed.or(st.error),
                 }
             })
             .collect::<Vec<_>>();

@@ -342,3 +342,50 @@ async fn qwen35_tiny_loads_and_generates_with_prefix_reuse() {
     let (again, _) = text(c).await;
     assert_eq!(first, again, "same prompt, greedy: same output whatever the cache held");
 }
+
+/// A panic on a role's thread (injected: the `fault-injection` hook, test builds only) is
+/// survived: the request's channel closes, the role says why it failed, later requests get a
+/// clear error at once, nothing stays pending (keep-alive can unload it), and a reload serves
+/// again. It used to leave a zombie role: loaded in status, `no_model` for every request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_on_a_role_thread_fails_the_role_cleanly_and_a_reload_serves() {
+    // Only the role named "faulty" is affected: the other tests of this binary run alongside.
+    std::env::set_var("KAZEIA_FAULT_PANIC_ROLE", "faulty");
+    let engine = Engine::new();
+    let toml = model_toml("faulty", &smollm2(), "n_ctx = 1024");
+    load(&engine, &toml, "faulty").unwrap();
+    let opts = || GenerateOptions { max_tokens: Some(8), temperature: Some(0.0), ..Default::default() };
+    let mut rx = engine.generate(req("faulty", "Hello", opts()), CancellationToken::new()).unwrap();
+    while let Some(ev) = rx.recv().await {
+        assert!(!matches!(ev, GenEvent::Finished(Ok(_))), "the injected panic did not happen");
+    }
+    let why = engine.info("faulty").unwrap().failed.expect("the role says it failed");
+    assert!(why.contains("injected fault"), "{why}");
+    // Queued requests: a clear error, at once.
+    let rx = engine.generate(req("faulty", "Hello again", opts()), CancellationToken::new()).unwrap();
+    let (_, r) = collect_result(rx).await;
+    let e = r.unwrap_err();
+    assert_eq!(e.code, ErrorCode::Engine);
+    assert!(e.message.contains("failed") && e.message.contains("reloads"), "{e:?}");
+    assert_eq!(engine.pending("faulty"), Some(0), "nothing stuck: keep-alive can unload it");
+    // A reload is a fresh context (the hook fires once per process).
+    assert!(engine.unload("faulty"));
+    load(&engine, &toml, "faulty").unwrap();
+    let rx =
+        engine.generate(req("faulty", "What is the capital of France?", opts()), CancellationToken::new()).unwrap();
+    let (_, s) = collect(rx).await;
+    assert!(s.metrics.generated_tokens > 0 && engine.info("faulty").unwrap().failed.is_none());
+}
+
+async fn collect_result(
+    mut rx: mpsc::UnboundedReceiver<GenEvent>,
+) -> (Vec<GenEvent>, Result<GenSummary, kazeia_pipelines::LlmError>) {
+    let mut evs = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        if let GenEvent::Finished(r) = ev {
+            return (evs, r);
+        }
+        evs.push(ev);
+    }
+    panic!("engine ended without Finished");
+}
