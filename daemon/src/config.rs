@@ -202,6 +202,10 @@ pub struct DaemonConfig {
     /// Roles decode one at a time, alternating per prefill chunk or token (best when the roles'
     /// threads together exceed the cores); false lets them run in parallel.
     pub exclusive_compute: bool,
+    /// Connections one uid may hold open at once (more: `too_many_connections`, closed).
+    pub max_connections_per_uid: u32,
+    /// Turns one uid may have running at once (more: `too_many_turns`).
+    pub max_turns_per_uid: u32,
     /// Keep each role's shared prefix (a guard's instructions) in a file under `prefix_dir`, so
     /// that the first check after a load or a restart does not prefill it again (default on).
     pub prefix_cache: bool,
@@ -226,6 +230,8 @@ impl Default for DaemonConfig {
             preload: true,
             exclusive_compute: true,
             session_ttl: Duration::from_secs(30 * 60),
+            max_connections_per_uid: 64,
+            max_turns_per_uid: 32,
             prefix_cache: true,
             prefix_dir: None,
         }

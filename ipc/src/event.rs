@@ -64,6 +64,11 @@ pub struct Limits {
     pub queue_per_model: usize,
     /// Frames buffered for a connection that reads too slowly before it is closed.
     pub connection_buffer: usize,
+    /// Connections one uid may hold open, and turns it may have running, at once.
+    #[serde(default)]
+    pub max_connections_per_uid: u32,
+    #[serde(default)]
+    pub max_turns_per_uid: u32,
 }
 
 /// State of one configured model role.
@@ -282,6 +287,11 @@ pub enum ErrorCode {
     OverBudget,
     /// Critical memory pressure: new turns are refused until it eases.
     MemoryPressure,
+    /// The peer's uid has `limits.max_connections_per_uid` connections open; the connection is
+    /// closed.
+    TooManyConnections,
+    /// The peer's uid has `limits.max_turns_per_uid` turns running.
+    TooManyTurns,
 }
 
 impl Event {
@@ -331,6 +341,8 @@ impl ErrorCode {
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::OverBudget => "over_budget",
             ErrorCode::MemoryPressure => "memory_pressure",
+            ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::TooManyTurns => "too_many_turns",
         }
     }
 }

@@ -61,11 +61,18 @@ impl Outbox {
     }
 }
 
-/// Counts the connection while it lives.
-struct Counted(Arc<Supervisor>);
+/// Counts the connection while it lives, in all and for its peer's uid.
+struct Counted(Arc<Supervisor>, u32);
 impl Drop for Counted {
     fn drop(&mut self) {
         self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        let mut per_uid = self.0.per_uid.lock().expect("per-uid connections");
+        if let Some(n) = per_uid.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                per_uid.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -90,8 +97,29 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
         let _ = framed.send(Frame::event(&ev)).await;
         return;
     }
+    // One user cannot take every connection (each holds buffers and a task).
+    let over = {
+        let mut per_uid = sup.per_uid.lock().expect("per-uid connections");
+        let n = per_uid.entry(uid).or_insert(0);
+        let over = *n >= sup.config.daemon.max_connections_per_uid;
+        if !over {
+            *n += 1;
+        }
+        over
+    };
+    if over {
+        let max = sup.config.daemon.max_connections_per_uid;
+        tracing::warn!(conn, uid, max, "refused a connection over the per-uid limit");
+        let ev = Event::Error {
+            id: None,
+            code: ErrorCode::TooManyConnections,
+            message: format!("uid {uid} already has {max} connections open (limits.max_connections_per_uid)"),
+        };
+        let _ = framed.send(Frame::event(&ev)).await;
+        return;
+    }
     sup.connections.fetch_add(1, Ordering::Relaxed);
-    let _counted = Counted(sup.clone());
+    let _counted = Counted(sup.clone(), uid);
 
     // Handshake: the first frame must be a hello with our protocol version.
     let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message });
@@ -113,6 +141,8 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
                         max_frame,
                         queue_per_model: sup.config.daemon.queue_per_model,
                         connection_buffer: sup.config.daemon.connection_buffer,
+                        max_connections_per_uid: sup.config.daemon.max_connections_per_uid,
+                        max_turns_per_uid: sup.config.daemon.max_turns_per_uid,
                     },
                 };
                 if framed.send(Frame::event(&welcome)).await.is_err() {

@@ -57,6 +57,8 @@ pub struct Supervisor {
     /// The last pressure level sampled.
     pressure: Mutex<Level>,
     pub connections: AtomicU32,
+    /// Open connections per peer uid (`[daemon] max_connections_per_uid`).
+    pub per_uid: Mutex<HashMap<u32, u32>>,
     next_conn: AtomicU64,
     /// "Something changed": subscribers then fetch a fresh status.
     pub changes: broadcast::Sender<()>,
@@ -97,6 +99,7 @@ impl Supervisor {
             ledger: Mutex::new(kazeia_memory_budget::Ledger::new(budget)),
             pressure: Mutex::new(Level::Normal),
             connections: AtomicU32::new(0),
+            per_uid: Mutex::default(),
             next_conn: AtomicU64::new(1),
             changes: broadcast::channel(16).0,
             stopping: CancellationToken::new(),

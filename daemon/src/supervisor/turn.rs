@@ -144,6 +144,14 @@ impl Supervisor {
                 let id = &request.id;
                 return refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
             }
+            let max = self.config.daemon.max_turns_per_uid;
+            if turns.values().filter(|t| t.uid == who.uid).count() >= max as usize {
+                let uid = who.uid;
+                return refuse(
+                    ErrorCode::TooManyTurns,
+                    format!("uid {uid} already has {max} turns running (limits.max_turns_per_uid)"),
+                );
+            }
             turns.insert(key, TurnEntry { uid: who.uid, cancel: cancel.clone() });
         }
         let _ = self.changes.send(());

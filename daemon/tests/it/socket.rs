@@ -556,3 +556,60 @@ async fn critical_memory_pressure_refuses_new_turns() {
     // The daemon keeps answering everything else.
     assert!(c.status().await.is_ok());
 }
+
+/// One user cannot take every connection or every turn: the limits are announced in `welcome`,
+/// a connection over them gets `too_many_connections` and is closed, a turn over them gets
+/// `too_many_turns` while the connection goes on, and a freed slot serves again.
+#[test]
+fn per_uid_limits_are_announced_and_refused_with_codes() {
+    let d = Daemon::start(&config("max_connections_per_uid = 2\nmax_turns_per_uid = 1"));
+    let mut a = UnixStream::connect(&d.socket).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write_frame(&mut a, 1, br#"{"type":"hello","protocol":1}"#);
+    let welcome = read_json(&mut a);
+    assert_eq!(
+        (welcome["limits"]["max_connections_per_uid"].as_u64(), welcome["limits"]["max_turns_per_uid"].as_u64()),
+        (Some(2), Some(1)),
+        "{welcome}"
+    );
+    let mut b = raw(&d, true);
+    // The third connection of this uid.
+    let mut c = UnixStream::connect(&d.socket).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    assert_eq!(read_json(&mut c)["code"], "too_many_connections");
+    assert!(is_eof(&mut c));
+
+    // One turn running on `a`: a second one of this uid, on `b`, is refused; `b` goes on.
+    let long =
+        serde_json::json!({"type":"turn","id":"long","pipeline":"chat","text":LONG,"options":{"max_tokens":400}});
+    write_frame(&mut a, 1, long.to_string().as_bytes());
+    assert_eq!(read_json(&mut a)["type"], "accepted");
+    let second = serde_json::json!({"type":"turn","id":"two","pipeline":"chat","text":"Hi"});
+    write_frame(&mut b, 1, second.to_string().as_bytes());
+    let e = read_json(&mut b);
+    assert_eq!((e["code"].as_str(), e["id"].as_str()), (Some("too_many_turns"), Some("two")), "{e}");
+    write_frame(&mut b, 1, br#"{"type":"status","id":"s"}"#);
+    assert_eq!(read_json(&mut b)["type"], "status");
+
+    // The first connection leaves (its turn is cancelled): a connection and a turn are free.
+    drop(a);
+    d.wait_log("stop=\"cancelled\"");
+    let t = Instant::now();
+    let mut c = loop {
+        let mut c = UnixStream::connect(&d.socket).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write_frame(&mut c, 1, br#"{"type":"hello","protocol":1}"#);
+        let ev = read_json(&mut c);
+        if ev["type"] == "welcome" {
+            break c;
+        }
+        // The daemon may not have counted the first connection out yet.
+        assert_eq!(ev["code"], "too_many_connections", "{ev}");
+        assert!(t.elapsed() < common::HANG, "the connection was never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let again =
+        serde_json::json!({"type":"turn","id":"again","pipeline":"chat","text":"Hi","options":{"max_tokens":4}});
+    write_frame(&mut c, 1, again.to_string().as_bytes());
+    assert_eq!(read_json(&mut c)["type"], "accepted");
+}
