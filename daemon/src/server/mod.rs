@@ -34,8 +34,15 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
         socket::Bound::Owned { path, .. } => tracing::info!(socket = %path.display(), "kazeia serving"),
         socket::Bound::Activated { .. } => tracing::info!("kazeia serving on a socket from systemd"),
     }
-    // Readiness line for scripts and tests (stderr, stdout stays free).
-    eprintln!("kazeia: listening on {}", path.display());
+    // Readiness line for scripts and tests (stderr, stdout stays free). A socket handed over by
+    // systemd or Android's init is not `path`: the log says so rather than name a path it does
+    // not serve.
+    match &bound {
+        socket::Bound::Owned { path, .. } => eprintln!("kazeia: listening on {}", path.display()),
+        socket::Bound::Activated { .. } => {
+            eprintln!("kazeia: listening on the socket handed over by the service manager (systemd or init)")
+        }
+    }
 
     if preload {
         for m in sup.config.models.clone() {

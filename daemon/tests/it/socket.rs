@@ -418,11 +418,17 @@ fn systemd_socket_activation() {
         env!("CARGO_BIN_EXE_kazeia"),
         cfg.to_str().unwrap(),
     ]);
-    cmd.stderr(std::process::Stdio::null());
+    cmd.stderr(std::process::Stdio::piped());
     hand_over(&mut cmd, fd, 3);
-    let child = cmd.spawn().unwrap();
+    let mut child = cmd.spawn().unwrap();
+    let log = common::collect_lines(child.stderr.take().unwrap());
     drop(listener);
     serves_then_stops(child, &path);
+    // The readiness line does not name a path the daemon does not serve (the default one). The
+    // log is read by another thread: wait for the line, never read once and conclude.
+    let needle = "kazeia: listening on the socket handed over by the service manager";
+    common::wait_until("the readiness line", || log.lock().unwrap().contains(needle), || log.lock().unwrap().clone());
+    assert!(!log.lock().unwrap().contains("engine.sock"), "{}", log.lock().unwrap());
 }
 
 /// In the child, before exec: `fd` becomes `target`, inheritable. When the listener already is
