@@ -619,3 +619,37 @@ fn per_uid_limits_are_announced_and_refused_with_codes() {
     write_frame(&mut c, 1, again.to_string().as_bytes());
     assert_eq!(read_json(&mut c)["type"], "accepted");
 }
+
+/// `session` over the socket: the second turn of a session continues the first (its prompt
+/// holds it, and the context reuses it instead of prefilling it again), from another connection
+/// of the same user too; another session name starts afresh.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_continues_across_turns_and_connections() {
+    let d = Daemon::start(&config(""));
+    let turn = |session: &'static str, text: &'static str| kazeia_ipc::Request::Turn {
+        id: format!("{session}-{}", text.len()),
+        pipeline: "chat".into(),
+        text: Some(text.into()),
+        audio: None,
+        session: Some(session.into()),
+        options: TurnOptions { temperature: Some(0.0), max_tokens: Some(16), ..Default::default() },
+    };
+    let done = |ev: Event| match ev {
+        Event::Done { metrics, .. } => metrics,
+        other => panic!("{other:?}"),
+    };
+    let a = d.client().await;
+    let (_, first) = finish(&mut a.send(turn("alice", "My name is Alice. Say hello.")).await.unwrap()).await;
+    let first = done(first);
+    assert_eq!(first.cached_tokens, 0, "{first:?}");
+    // Another connection, same user, same session: the conversation goes on.
+    let b = d.client().await;
+    let (_, second) = finish(&mut b.send(turn("alice", "What is my name?")).await.unwrap()).await;
+    let second = done(second);
+    assert!(second.prompt_tokens > first.prompt_tokens, "the first turn is in the prompt: {second:?}");
+    assert!(second.cached_tokens >= first.prompt_tokens, "and reused, not prefilled again: {second:?} after {first:?}");
+    // Another name: a new conversation (its prompt is this turn alone).
+    let (_, other) = finish(&mut b.send(turn("bob", "What is my name?")).await.unwrap()).await;
+    let other = done(other);
+    assert!(other.prompt_tokens < second.prompt_tokens, "{other:?} vs {second:?}");
+}
