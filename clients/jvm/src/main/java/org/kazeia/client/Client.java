@@ -475,7 +475,12 @@ public final class Client implements AutoCloseable {
         th.getUncaughtExceptionHandler().uncaughtException(th, t);
     }
 
-    /** End the connection once: close the socket, end every open request with {@code reason}. */
+    /**
+     * End the connection once: close the socket, tell the {@code onClosed} listener, then end
+     * every open request with {@code reason}. The listener comes first so that whoever wakes up
+     * on a request's end already finds the connection reported closed (the other order was a
+     * race a test caught: a request's end seen before the listener ran).
+     */
     private void shutdown(KazeiaException reason) {
         synchronized (routes) {
             if (closedBy != null) {
@@ -485,6 +490,14 @@ public final class Client implements AutoCloseable {
         }
         transport.close();
         handshake.completeExceptionally(reason);
+        Consumer<KazeiaException> l = options.onClosed();
+        if (l != null) {
+            try {
+                l.accept(reason);
+            } catch (RuntimeException ex) {
+                report(ex);
+            }
+        }
         for (Map.Entry<String, Route> e : routes.entrySet()) {
             if (routes.remove(e.getKey(), e.getValue())) {
                 try {
@@ -492,14 +505,6 @@ public final class Client implements AutoCloseable {
                 } catch (RuntimeException ex) {
                     report(ex);
                 }
-            }
-        }
-        Consumer<KazeiaException> l = options.onClosed();
-        if (l != null) {
-            try {
-                l.accept(reason);
-            } catch (RuntimeException ex) {
-                report(ex);
             }
         }
     }

@@ -55,7 +55,10 @@ public final class Options {
         return this;
     }
 
-    /** Called once when the connection ends, with the reason (code connection_closed, frame_too_large, …). */
+    /**
+     * Called once when the connection ends, with the reason (code connection_closed,
+     * frame_too_large, …), before the requests still open end with it.
+     */
     public Options onClosed(Consumer<KazeiaException> listener) {
         this.onClosed = listener;
         return this;
