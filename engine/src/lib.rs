@@ -62,6 +62,9 @@ struct Role {
     worker: Worker,
     model: Arc<SharedModel>,
     cfg: RoleParams,
+    /// Where this role keeps its shared prefix (named by a key over the model file and the
+    /// context): computed once at load, not on every status.
+    prefix_path: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -131,11 +134,10 @@ impl Engine {
             }
         };
         let worker = Worker::start(cfg.clone(), model.clone(), self.queue_capacity(), self.compute.clone())?;
-        self.inner
-            .roles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(cfg.role.clone(), Role { worker, model, cfg: cfg.clone() });
+        self.inner.roles.lock().unwrap_or_else(|p| p.into_inner()).insert(cfg.role.clone(), {
+            let prefix_path = prefix_file::path(cfg, &model).map(|(p, _)| p);
+            Role { worker, model, cfg: cfg.clone(), prefix_path }
+        });
         Ok(self.info(&cfg.role).expect("role was just loaded"))
     }
 
@@ -193,8 +195,10 @@ impl Engine {
                 .map(|(name, _)| name.clone())
                 .collect(),
             failed: r.worker.failed(),
-            prefix_file: prefix_file::path(&r.cfg, m)
-                .and_then(|(p, _)| std::fs::metadata(&p).ok().map(|meta| (p, meta.len()))),
+            prefix_file: r
+                .prefix_path
+                .as_ref()
+                .and_then(|p| std::fs::metadata(p).ok().map(|meta| (p.clone(), meta.len()))),
         })
     }
 }

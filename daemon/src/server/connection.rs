@@ -87,14 +87,11 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
         set_send_buffer(&stream, bytes);
     }
     let mut framed = Framed::new(stream, FrameCodec::new(max_frame));
+    // The refusals before and at the handshake: one error frame without an id, then close.
+    let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message });
     if !allowed {
         tracing::warn!(conn, uid, "refused a peer whose uid is not allowed");
-        let ev = Event::Error {
-            id: None,
-            code: ErrorCode::PermissionDenied,
-            message: format!("uid {uid} may not use this daemon"),
-        };
-        let _ = framed.send(Frame::event(&ev)).await;
+        let _ = framed.send(refuse(ErrorCode::PermissionDenied, format!("uid {uid} may not use this daemon"))).await;
         return;
     }
     // One user cannot take every connection (each holds buffers and a task).
@@ -110,19 +107,14 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     if over {
         let max = sup.config.daemon.max_connections_per_uid;
         tracing::warn!(conn, uid, max, "refused a connection over the per-uid limit");
-        let ev = Event::Error {
-            id: None,
-            code: ErrorCode::TooManyConnections,
-            message: format!("uid {uid} already has {max} connections open (limits.max_connections_per_uid)"),
-        };
-        let _ = framed.send(Frame::event(&ev)).await;
+        let message = format!("uid {uid} already has {max} connections open (limits.max_connections_per_uid)");
+        let _ = framed.send(refuse(ErrorCode::TooManyConnections, message)).await;
         return;
     }
     sup.connections.fetch_add(1, Ordering::Relaxed);
     let _counted = Counted(sup.clone(), uid);
 
     // Handshake: the first frame must be a hello with our protocol version.
-    let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message });
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, framed.next()).await {
         Ok(Some(Ok(Frame::Json(b)))) => match serde_json::from_slice::<Request>(&b) {
             Ok(Request::Hello { protocol, .. }) if protocol == PROTOCOL_VERSION => {
