@@ -200,6 +200,12 @@ fn run(
             counters.pending.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
+        // A generation's channel stays open through a panic (this clone), so that its caller
+        // hears the error only once the role is marked failed, never before.
+        let events = match &msg {
+            Msg::Generate(job) => Some(job.events.clone()),
+            Msg::Classify(_) => None,
+        };
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             fault::maybe_panic(&cfg.role);
             match msg {
@@ -218,6 +224,10 @@ fn run(
                 .unwrap_or_else(|| "a panic".into());
             tracing::error!(role = %cfg.role, "the role's worker panicked: {why}");
             *counters.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!("panic: {why}"));
+            if let Some(events) = events {
+                let e = LlmError::new(ErrorCode::Engine, format!("role {:?} failed (panic: {why})", cfg.role));
+                let _ = events.send(GenEvent::Finished(Err(e)));
+            }
         }
         counters.pending.fetch_sub(1, Ordering::SeqCst);
     }

@@ -367,7 +367,10 @@ async fn a_panic_on_a_role_thread_fails_the_role_cleanly_and_a_reload_serves() {
     let e = r.unwrap_err();
     assert_eq!(e.code, ErrorCode::Engine);
     assert!(e.message.contains("failed") && e.message.contains("reloads"), "{e:?}");
-    assert_eq!(engine.pending("faulty"), Some(0), "nothing stuck: keep-alive can unload it");
+    // Nothing stuck (keep-alive can unload it): the worker counts a job out just after it
+    // answers, so wait for that, as every idle check here does.
+    kazeia_tests::wait_idle(&engine, "faulty", Instant::now()).await;
+    assert_eq!(engine.pending("faulty"), Some(0));
     // A reload is a fresh context (the hook fires once per process).
     assert!(engine.unload("faulty"));
     load(&engine, &toml, "faulty").unwrap();
