@@ -233,7 +233,16 @@ pub enum Event {
         id: Option<String>,
         code: ErrorCode,
         message: String,
+        /// `false` when the request `id` names (if one runs) goes on: the error is about one
+        /// frame or a second request under a running id (`duplicate_id`, `bad_frame`,
+        /// `no_audio_request`, an audio overrun's `busy`). Every other error ends its request.
+        #[serde(rename = "final", default = "ends_request")]
+        is_final: bool,
     },
+}
+
+fn ends_request() -> bool {
+    true
 }
 
 /// Stable error codes. New codes may be added; clients must treat unknown codes as errors.
@@ -361,10 +370,10 @@ mod tests {
     fn json_shape_is_stable() {
         let e = Event::Token { id: None, text: "Par".into() };
         assert_eq!(serde_json::to_string(&e).unwrap(), r#"{"type":"token","text":"Par"}"#);
-        let e = Event::Error { id: Some("r1".into()), code: ErrorCode::ModelFile, message: "x".into() };
+        let e = Event::Error { id: Some("r1".into()), code: ErrorCode::ModelFile, message: "x".into(), is_final: true };
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
-            r#"{"type":"error","id":"r1","code":"model_file","message":"x"}"#
+            r#"{"type":"error","id":"r1","code":"model_file","message":"x","final":true}"#
         );
         let done = Event::Done { id: None, stop: StopReason::Eos, metrics: Metrics::default() };
         let back: Event = serde_json::from_str(&serde_json::to_string(&done).unwrap()).unwrap();

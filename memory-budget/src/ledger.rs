@@ -166,6 +166,14 @@ impl Ledger {
         );
     }
 
+    /// The RSS growth measured once a role's load finished (its entry was reserved before the
+    /// load, so that a load running meanwhile sees the bytes as taken).
+    pub fn set_measured(&mut self, role: &str, measured: Option<i64>) {
+        if let Some(e) = self.entries.get_mut(role) {
+            e.measured = measured;
+        }
+    }
+
     /// Forget a role; its weights pass to another role on the same file, if any.
     pub fn remove(&mut self, role: &str) {
         let Some(e) = self.entries.remove(role) else { return };

@@ -35,7 +35,7 @@ pub async fn follow(
             Incoming::Event(ev) => {
                 printer.event(&ev);
                 on_event(&ev);
-                if let Event::Error { code, .. } = ev {
+                if let Event::Error { code, is_final: true, .. } = ev {
                     return Exit::for_code(code);
                 }
                 if is_final(&ev) {

@@ -153,7 +153,7 @@ impl Printer {
     }
 
     pub fn error(&self, code: ErrorCode, message: String) {
-        self.event(&Event::Error { id: None, code, message });
+        self.event(&Event::Error { id: None, code, message, is_final: true });
     }
 }
 

@@ -57,7 +57,13 @@ impl Outbox {
     }
 
     pub(super) fn error(&self, id: Option<String>, code: ErrorCode, message: impl Into<String>) {
-        self.send(&Event::Error { id, code, message: message.into() });
+        self.send(&Event::Error { id, code, message: message.into(), is_final: true });
+    }
+
+    /// An error that does not end the request `id` names (a bad frame of a running audio turn,
+    /// a second request under a running id): `final: false`.
+    pub(super) fn notice(&self, id: Option<String>, code: ErrorCode, message: impl Into<String>) {
+        self.send(&Event::Error { id, code, message: message.into(), is_final: false });
     }
 }
 
@@ -88,7 +94,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     }
     let mut framed = Framed::new(stream, FrameCodec::new(max_frame));
     // The refusals before and at the handshake: one error frame without an id, then close.
-    let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message });
+    let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message, is_final: true });
     if !allowed {
         tracing::warn!(conn, uid, "refused a peer whose uid is not allowed");
         let _ = framed.send(refuse(ErrorCode::PermissionDenied, format!("uid {uid} may not use this daemon"))).await;

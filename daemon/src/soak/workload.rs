@@ -144,25 +144,32 @@ async fn connect(plan: &Plan) -> Result<Client, String> {
 /// The last event of a request (unloading a role already unloaded is an error we expect).
 async fn request(c: &Client, req: Request) -> Event {
     let Ok(mut rx) = c.send(req).await else {
-        return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into() };
+        return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into(), is_final: true };
     };
     loop {
         match rx.recv().await {
             Some(Incoming::Event(Event::LoadProgress { .. })) => {}
             Some(Incoming::Event(ev)) => return ev,
             Some(_) => {}
-            None => return Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed".into() },
+            None => {
+                return Event::Error {
+                    id: None,
+                    code: ErrorCode::Engine,
+                    message: "connection closed".into(),
+                    is_final: true,
+                }
+            }
         }
     }
 }
 
 async fn end_of(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>) -> Event {
     while let Some(item) = rx.recv().await {
-        if let Incoming::Event(ev @ (Event::Done { .. } | Event::Error { .. })) = item {
+        if let Incoming::Event(ev @ (Event::Done { .. } | Event::Error { is_final: true, .. })) = item {
             return ev;
         }
     }
-    Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed mid-turn".into() }
+    Event::Error { id: None, code: ErrorCode::Engine, message: "connection closed mid-turn".into(), is_final: true }
 }
 
 fn tally(counts: &Counts, end: Event) {

@@ -36,42 +36,52 @@ impl Supervisor {
             .map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
         let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
         let (file_weights, context_bytes) = (est.file_bytes(), est.context_bytes());
-        let need = est.cost(self.ledger.lock().expect("ledger").holds_file(&file));
-        let admitted = self.ledger.lock().expect("ledger").admit(role, need, cfg.priority, |r| self.in_use(r));
-        let victims = admitted.map_err(|refusal| {
-            tracing::warn!("refused to load {role}: {refusal}");
-            LlmError::new(ErrorCode::OverBudget, refusal.to_string())
-        })?;
-        for v in victims {
-            tracing::info!(role = %v, for_role = %role, "evicting an idle model to make room");
-            self.unload(&v).await;
+        // Admission and reservation under one lock: the bytes are the role's before its load
+        // starts, so a speech load running meanwhile sees them taken (and the other way round).
+        // Evicting an idle role awaits its unload, so admission runs again after each round.
+        for round in 0.. {
+            let victims = {
+                let mut ledger = self.ledger.lock().expect("ledger");
+                let need = est.cost(ledger.holds_file(&file));
+                let victims = ledger.admit(role, need, cfg.priority, |r| self.in_use(r)).map_err(|refusal| {
+                    tracing::warn!("refused to load {role}: {refusal}");
+                    LlmError::new(ErrorCode::OverBudget, refusal.to_string())
+                })?;
+                if victims.is_empty() {
+                    ledger.insert(role, &file, cfg.priority, file_weights, context_bytes, None);
+                    break;
+                }
+                victims
+            };
+            if round == 3 {
+                let msg = format!("{role} still does not fit after evicting {victims:?} three times");
+                return Err(LlmError::new(ErrorCode::OverBudget, msg));
+            }
+            for v in victims {
+                tracing::info!(role = %v, for_role = %role, "evicting an idle model to make room");
+                self.unload(&v).await;
+            }
         }
         self.set_role(role, ModelState::Loading, Some(0.0), None);
         let engine = self.engine.clone();
         let rss_before = rss_bytes();
         let mut params = cfg.role_params();
         params.prefix_dir = self.config.daemon.prefix_dir();
-        let result = tokio::task::spawn_blocking(move || engine.load(&params, path, Box::new(progress)))
-            .await
-            .map_err(|e| LlmError::new(ErrorCode::Engine, format!("load task: {e}")))?;
+        let result =
+            tokio::task::spawn_blocking(move || engine.load(&params, path, Box::new(progress))).await.unwrap_or_else(
+                |e| Err(kazeia_engine::LoadError::Thread { role: role.to_string(), reason: e.to_string() }),
+            );
         match result {
             Ok(_) => {
                 // Measured: RSS growth across the load. With mmap off the weights are read into
                 // anonymous memory, so RSS covers them (Pss would be equal for this process).
                 let measured = rss_before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
-                let priority = self.config.model(role).map(|m| m.priority).unwrap_or(0);
-                self.ledger.lock().expect("ledger").insert(
-                    role,
-                    &file,
-                    priority,
-                    file_weights,
-                    context_bytes,
-                    measured,
-                );
+                self.ledger.lock().expect("ledger").set_measured(role, measured);
                 self.set_role(role, ModelState::Loaded, None, None);
                 Ok(())
             }
             Err(e) => {
+                self.ledger.lock().expect("ledger").remove(role);
                 self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
                 Err(e.into())
             }

@@ -111,7 +111,8 @@ impl Supervisor {
 
     /// A role that must stay loaded: a turn holds it or the engine has work for it.
     fn in_use(&self, role: &str) -> bool {
-        self.leased(role) > 0 || self.engine.pending(role).unwrap_or(0) > 0
+        // The speech stack is never evicted by a language model's load (only `unload stt`).
+        role == "speech" || self.leased(role) > 0 || self.engine.pending(role).unwrap_or(0) > 0
     }
 
     pub fn next_conn_id(&self) -> u64 {
@@ -143,6 +144,11 @@ impl Supervisor {
             }
         }
         found
+    }
+
+    /// Whether a turn runs under `id` on connection `conn`.
+    pub fn is_running(&self, conn: u64, id: &str) -> bool {
+        self.turns.lock().expect("turns lock").contains_key(&(conn, id.to_string()))
     }
 
     pub fn turns_running(&self) -> u32 {

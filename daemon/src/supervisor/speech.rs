@@ -90,24 +90,36 @@ impl Supervisor {
         // The STT row of the plan (file sizes only: no GGUF header is read here).
         let need: u64 =
             crate::plan::speech_plans(&self.config).iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
-        let refused = self.ledger.lock().expect("ledger").admit("speech", need, 95, |_| true);
-        match refused {
-            Ok(v) if v.is_empty() => {}
-            Ok(_) => {
-                return Err(SpeechError::OverBudget(format!(
-                    "speech needs {} and would have to evict a language model",
-                    kazeia_memory_budget::human_bytes(need)
-                )))
-            }
-            Err(r) => return Err(SpeechError::OverBudget(r.to_string())),
-        }
-        let before = rss_bytes();
-        let stack = Arc::new(SpeechStack::load(self)?);
-        let measured = before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
         let file = self.config.cache_path(&self.config.speech.stt).display().to_string();
-        self.ledger.lock().expect("ledger").insert("speech", &file, 95, 0, need, measured);
+        // Admitted and reserved under one lock, before the load: a language model loading
+        // meanwhile sees these bytes as taken (the ledger never holds more than the budget).
+        {
+            let mut ledger = self.ledger.lock().expect("ledger");
+            match ledger.admit("speech", need, 95, |_| true) {
+                Ok(v) if v.is_empty() => ledger.insert("speech", &file, 95, 0, need, None),
+                Ok(_) => {
+                    return Err(SpeechError::OverBudget(format!(
+                        "speech needs {} and would have to evict a language model",
+                        kazeia_memory_budget::human_bytes(need)
+                    )))
+                }
+                Err(r) => return Err(SpeechError::OverBudget(r.to_string())),
+            }
+        }
         let _ = self.changes.send(());
+        let before = rss_bytes();
+        let stack = match SpeechStack::load(self) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                self.ledger.lock().expect("ledger").remove("speech");
+                let _ = self.changes.send(());
+                return Err(e);
+            }
+        };
+        let measured = before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
+        self.ledger.lock().expect("ledger").set_measured("speech", measured);
         *self.speech.lock().expect("speech") = Some(stack.clone());
+        let _ = self.changes.send(());
         Ok(stack)
     }
 
@@ -177,12 +189,18 @@ impl Supervisor {
     /// Status rows of the speech models (`stt`, `vad`, `tts`): where they run and why.
     pub(super) fn speech_status(&self, ledger: &kazeia_memory_budget::Ledger) -> Vec<ModelStatus> {
         let loaded = self.speech.lock().expect("speech").clone();
+        // A load holds `speech_loading` for its whole length (seconds); status only peeks at it.
+        let loading = loaded.is_none() && self.speech_loading.try_lock().is_err();
         let entry = ledger.get("speech");
         let sp = &self.config.speech;
         let row =
             |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
                 role: role.into(),
-                state: if loaded.is_some() { ModelState::Loaded } else { ModelState::Unloaded },
+                state: match (&loaded, loading) {
+                    (Some(_), _) => ModelState::Loaded,
+                    (None, true) => ModelState::Loading,
+                    (None, false) => ModelState::Unloaded,
+                },
                 file,
                 architecture: Some("onnx".into()),
                 file_bytes: None,

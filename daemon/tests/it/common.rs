@@ -183,7 +183,7 @@ pub async fn finish(rx: &mut UnboundedReceiver<Incoming>) -> (String, Event) {
         if let Incoming::Event(ev) = item {
             match ev {
                 Event::Token { text: t, .. } => text.push_str(&t),
-                ev @ (Event::Done { .. } | Event::Error { .. }) => return (text, ev),
+                ev @ (Event::Done { .. } | Event::Error { is_final: true, .. }) => return (text, ev),
                 _ => {}
             }
         }

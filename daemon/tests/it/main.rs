@@ -3,6 +3,7 @@
 //! Daemons started by these tests take turns (`common::Daemon` holds a process-wide lock).
 
 mod ask;
+mod budget;
 mod cli;
 mod common;
 #[cfg(feature = "dbus")]

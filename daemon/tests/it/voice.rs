@@ -67,17 +67,33 @@ async fn transcribe_and_voice_over_the_socket() {
     let d = Daemon::start(&config_text());
     let c = d.client().await;
 
-    // transcribe: audio in, transcript out.
+    // transcribe: audio in, transcript out. Mid-turn, a frame at another rate and two requests
+    // under the turn's id: each answered with an error marked `final: false`, and the turn goes on.
     let (id, mut rx) = start(&c, "transcribe").await;
+    let wrong = AudioFrame { id: id.clone(), sample_rate: 8_000, channels: 1, last: false, pcm: vec![0u8; 320].into() };
+    c.send_frame(Frame::Audio(wrong)).await.unwrap();
+    c.send_frame(Frame::request(&Request::Status { id: id.clone() })).await.unwrap();
+    let again = Request::Turn {
+        id: id.clone(),
+        pipeline: "chat".into(),
+        text: Some("hi".into()),
+        audio: None,
+        session: None,
+        options: TurnOptions::default(),
+    };
+    c.send_frame(Frame::request(&again)).await.unwrap();
     send_audio(&c, &id, &spoken(REPORT), true).await;
-    let mut transcript = None;
+    let (mut transcript, mut notices) = (None, Vec::new());
     while let Some(Incoming::Event(e)) = rx.recv().await {
         match e {
             Event::Transcript { text, language, .. } => transcript = Some((text, language)),
+            Event::Error { code, is_final: false, .. } => notices.push(code),
             Event::Done { .. } => break,
             other => panic!("{other:?}"),
         }
     }
+    use kazeia_ipc::ErrorCode::{BadFrame, DuplicateId};
+    assert_eq!(notices, [BadFrame, DuplicateId, DuplicateId]);
     let (text, language) = transcript.expect("a transcript");
     // Piper samples noise: each rendering is heard a little differently (once "the 4th Friday"
     // for "before Friday", two edits). At most two words in eight may differ.
@@ -152,6 +168,91 @@ async fn transcribe_and_voice_over_the_socket() {
     assert!(last);
     let said = stt.transcribe(&audio::resample(&pcm, rate, 16_000), Some("en"), &|| false).unwrap().text;
     assert!(wer(REPORT, &said) <= 0.25, "{said:?}");
+}
+
+/// Round trips of `status` until `done()` says the work ended: each one's time, and how many
+/// were answered while `during(status)` held.
+async fn status_during(
+    c: &Client,
+    mut during: impl FnMut(&kazeia_ipc::StatusReport) -> bool,
+    mut done: impl FnMut() -> bool,
+) -> (Vec<Duration>, usize) {
+    let (mut times, mut inside) = (Vec::new(), 0);
+    while !done() {
+        let t = Instant::now();
+        let st = c.status().await.unwrap();
+        times.push(t.elapsed());
+        inside += usize::from(during(&st));
+        assert!(times.len() < 100_000, "the work never ended");
+    }
+    times.sort();
+    (times, inside)
+}
+
+/// Nothing that answers `status` waits on a speech load or a transcription (#14): the speech
+/// stack loads outside the lock status reads, and its placements were copied at load. Status
+/// round trips go on while the STT loads (status itself shows `loading`) and while a 6 s
+/// utterance is transcribed; their median stays under 100 ms. (Blocked, the first round trip
+/// would last the whole load or transcription, about a second here, and few would fit in it.)
+#[tokio::test(flavor = "multi_thread")]
+async fn status_answers_while_speech_loads_and_transcribes() {
+    let d = Daemon::start(&config_text());
+    let c = d.client().await;
+    let stt_state = |st: &kazeia_ipc::StatusReport| st.models.iter().find(|m| m.role == "stt").map(|m| m.state);
+
+    let mut load = c.send(Request::Load { id: "ls".into(), role: "stt".into() }).await.unwrap();
+    let mut loaded = false;
+    let (times, inside) = status_during(
+        &c,
+        |st| stt_state(st) == Some(kazeia_ipc::ModelState::Loading),
+        || {
+            while let Ok(item) = load.try_recv() {
+                match item {
+                    Incoming::Event(Event::Loaded { .. }) => loaded = true,
+                    other => panic!("{other:?}"),
+                }
+            }
+            loaded
+        },
+    )
+    .await;
+    println!(
+        "while stt loads: {} status answers, {inside} showing loading, median {:?}, max {:?}",
+        times.len(),
+        times[times.len() / 2],
+        times.last().unwrap()
+    );
+    assert!(inside >= 3, "status answered {inside} times during the load");
+    assert!(times[times.len() / 2] < Duration::from_millis(100), "{times:?}");
+
+    let mut long = spoken(REPORT);
+    long.extend(spoken("What is the capital of France?"));
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &long, true).await;
+    let mut heard = false;
+    let (times, inside) = status_during(
+        &c,
+        |st| st.turns_running == 1,
+        || {
+            while let Ok(item) = rx.try_recv() {
+                match item {
+                    Incoming::Event(Event::Transcript { .. }) => heard = true,
+                    Incoming::Event(Event::Done { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            heard
+        },
+    )
+    .await;
+    println!(
+        "while transcribing: {} status answers during the turn, median {:?}, max {:?}",
+        inside,
+        times[times.len() / 2],
+        times.last().unwrap()
+    );
+    assert!(inside >= 3, "status answered {inside} times during the transcription");
+    assert!(times[times.len() / 2] < Duration::from_millis(100), "{times:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -49,9 +49,23 @@ impl Conn {
 /// Parse one JSON frame and run its handler.
 pub fn dispatch(c: &mut Conn, body: &[u8]) {
     let req = match kazeia_ipc::parse_request(body) {
-        Ok(r) => r,
+        // A bad request under the id of a running turn ends only itself.
+        Err(e) if e.id.as_deref().is_some_and(|id| c.sup.is_running(c.who.conn, id)) => {
+            return c.out.notice(e.id, e.code, e.message)
+        }
         Err(e) => return c.out.error(e.id, e.code, e.message),
+        Ok(r) => r,
     };
+    // Every event of a request carries its id: a status, load, unload or subscribe under the id
+    // of a running turn would be mistaken for that turn's. (`cancel`'s id names its target.)
+    if let Request::Status { id } | Request::Load { id, .. } | Request::Unload { id, .. } | Request::Subscribe { id } =
+        &req
+    {
+        if c.sup.is_running(c.who.conn, id) {
+            let msg = format!("request {id:?} is already running");
+            return c.out.notice(Some(id.clone()), ErrorCode::DuplicateId, msg);
+        }
+    }
     match req {
         Request::Hello { .. } => c.out.error(None, ErrorCode::BadRequest, "hello was already said"),
         Request::Status { id } => status::status(c, id),

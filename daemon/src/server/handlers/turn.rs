@@ -2,7 +2,7 @@
 //! connection's task set; an audio turn's input ring is registered for its frames until the
 //! turn ends.
 
-use kazeia_ipc::Event;
+use kazeia_ipc::{ErrorCode, Event};
 
 use super::Conn;
 use crate::supervisor::TurnRequest;
@@ -13,6 +13,8 @@ pub fn turn(c: &mut Conn, request: TurnRequest) {
     let spec = request.audio.clone();
     let turn = match c.sup.begin_turn(c.who, request, &c.cancel) {
         Ok(t) => t,
+        // The running turn under that id goes on: its final event is still to come.
+        Err(e) if e.code == ErrorCode::DuplicateId => return c.out.notice(Some(id), e.code, e.message),
         Err(e) => return c.out.error(Some(id), e.code, e.message),
     };
     c.out.send(&Event::Accepted { id: id.clone(), pipeline: turn.pipeline.name.clone() });

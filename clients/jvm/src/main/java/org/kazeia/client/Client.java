@@ -264,7 +264,7 @@ public final class Client implements AutoCloseable {
         Route r = new Route() {
             @Override
             public boolean isFinal(Event e) {
-                return e instanceof Event.Error || answer.test(e);
+                return (e instanceof Event.Error && ((Event.Error) e).isFinal()) || answer.test(e);
             }
 
             @Override

@@ -49,7 +49,12 @@ public sealed interface Event {
     }
 
     /** The request failed. {@code code} is kept even when this library does not know it. */
-    record Error(String id, String code, String message) implements Event {
+    record Error(String id, String code, String message, boolean isFinal) implements Event {
+        /** A final error: it ends the request {@code id} names (PROTOCOL.md: {@code final}). */
+        public Error(String id, String code, String message) {
+            this(id, code, message, true);
+        }
+
         public KazeiaException exception() {
             return new KazeiaException(code, message, id, null);
         }

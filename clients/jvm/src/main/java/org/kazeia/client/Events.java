@@ -34,7 +34,8 @@ final class Events {
             case "done":
                 return new Event.Done(id, f.str("stop"), Metrics.from(f.obj("metrics")));
             case "error":
-                return new Event.Error(id, f.has("code") ? f.str("code") : ErrorCode.UNEXPECTED, f.str("message"));
+                return new Event.Error(id, f.has("code") ? f.str("code") : ErrorCode.UNEXPECTED, f.str("message"),
+                        f.bool("final", true));
             default:
                 return new Event.Unknown(id, type, Collections.unmodifiableMap(m));
         }

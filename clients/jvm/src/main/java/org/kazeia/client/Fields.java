@@ -18,6 +18,12 @@ final class Fields {
         return m.get(k) != null;
     }
 
+    /** A boolean field, {@code dflt} when missing or not a boolean. */
+    boolean bool(String k, boolean dflt) {
+        Object v = m.get(k);
+        return v instanceof Boolean ? (Boolean) v : dflt;
+    }
+
     String str(String k) {
         String s = optStr(k);
         return s == null ? "" : s;

@@ -27,9 +27,6 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
     private volatile Event finalEvent;
     /** The consumer took the final event from the queue. */
     private boolean drained;
-    // Reader-thread state, for telling non-final audio errors apart.
-    private boolean accepted;
-    private boolean heard;
 
     Turn(Client client, String id, TurnRequest request, Consumer<Event> listener) {
         this.client = client;
@@ -58,25 +55,13 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         if (e instanceof Event.Done) {
             return true;
         }
-        if (!(e instanceof Event.Error)) {
-            return false;
-        }
-        // PROTOCOL.md §4, audio turns: a frame with the wrong format (bad_frame) and an audio
-        // overrun (busy, before anything was heard) are reported with the turn's id while the
-        // turn goes on; they are not its final event.
-        String code = ((Event.Error) e).code();
-        boolean goesOn = request.isAudio() && accepted
-                && (ErrorCode.BAD_FRAME.equals(code) || (ErrorCode.BUSY.equals(code) && !heard));
-        return !goesOn;
+        // PROTOCOL.md §5: an error with `final: false` (a bad frame of this audio turn, an
+        // overrun, a second request under this id) is reported with the id while the turn goes on.
+        return e instanceof Event.Error && ((Event.Error) e).isFinal();
     }
 
     @Override
     public void deliver(Event e) {
-        if (e instanceof Event.Accepted) {
-            accepted = true;
-        } else if (e instanceof Event.Transcript) {
-            heard = true;
-        }
         boolean fin = finalEvent == null && isFinal(e);
         if (fin) {
             finalEvent = e;

@@ -270,13 +270,13 @@ class ClientTest {
     }
 
     @Test
-    void audioFormatErrorsDoNotEndAnAudioTurn() throws Exception {
+    void errorsMarkedNotFinalDoNotEndATurn() throws Exception {
         try (FakeDaemon d = new FakeDaemon(c -> {
             c.welcome(1 << 20);
             c.read();
             c.send(ev("accepted", "v", "\"pipeline\":\"transcribe\""));
-            c.send(ev("error", "v", "\"code\":\"bad_frame\",\"message\":\"audio frame with another rate\""));
-            c.send(ev("error", "v", "\"code\":\"busy\",\"message\":\"audio overrun\""));
+            c.send(ev("error", "v", "\"code\":\"bad_frame\",\"message\":\"audio frame with another rate\",\"final\":false"));
+            c.send(ev("error", "v", "\"code\":\"busy\",\"message\":\"audio overrun\",\"final\":false"));
             c.send(ev("transcript", "v", "\"text\":\"hello\",\"language\":\"en\""));
             c.send(ev("done", "v", "\"stop\":\"eos\",\"metrics\":{}"));
             c.read();
@@ -284,6 +284,22 @@ class ClientTest {
             List<Event> all = client.turn(TurnRequest.audio("transcribe", 16000, 1).id("v")).await().events();
             assertEquals(5, all.size(), all.toString());
             assertEquals("hello", ((Event.Transcript) all.get(3)).text());
+            assertFalse(((Event.Error) all.get(1)).isFinal());
+        }
+    }
+
+    @Test
+    void anErrorWithoutFinalEndsTheTurn() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "v", "\"pipeline\":\"chat\""));
+            c.send(ev("error", "v", "\"code\":\"engine\",\"message\":\"boom\""));
+            c.send(ev("done", "v", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            KazeiaException e = assertThrows(KazeiaException.class, () -> client.turn(TurnRequest.text("chat", "hi").id("v")).await());
+            assertEquals(ErrorCode.ENGINE, e.code());
         }
     }
 
