@@ -7,8 +7,8 @@ source tools/env.sh
 # Style and lints first: a warning fails the suite (rustfmt.toml, [workspace.lints]).
 cargo fmt --all --check
 cargo clippy --release --locked --workspace --all-targets --features kazeia-daemon/dbus -q -- -D warnings
-# The tools' own smoke modes: none breaks unseen.
-tools/stress-tests --smoke >/dev/null
+# Every tool the README lists, in its smoke mode (tiny inputs, one rep): none breaks unseen.
+tools/smoke
 # The JVM client (clients/jvm): Debian's JDK 17 and JUnit 5, against a daemon it starts. Its
 # failure is reported after the Rust tests have run too.
 jvm=0

@@ -128,7 +128,18 @@ pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session
             }
         }
     }
-    let s = builder()?.commit_from_file(path).map_err(|e| bad(e.to_string()))?;
+    // No CPU arena and no memory pattern: the arena grows by doubling to the largest shapes any
+    // run has seen (Whisper's decoder over a growing cache, Piper over long sentences) and never
+    // gives back, so a voice daemon's RSS crept ~550 MB over its loaded size within a few
+    // turns (1,350 MiB peak for a 776 MiB stack); freed tensors go back to the system instead.
+    let cpu = ort::ep::CPU::default().with_arena_allocator(false).build();
+    let s = builder()?
+        .with_execution_providers([cpu])
+        .map_err(|e| bad(e.to_string()))?
+        .with_memory_pattern(false)
+        .map_err(|e| bad(e.to_string()))?
+        .commit_from_file(path)
+        .map_err(|e| bad(e.to_string()))?;
     let reason = match backend {
         Backend::Cpu => "backend = \"cpu\"".to_string(),
         _ => {

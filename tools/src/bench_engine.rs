@@ -35,6 +35,9 @@ struct Args {
     /// Generated tokens for the decode test.
     #[arg(long, default_value_t = 128)]
     tg: u32,
+    /// One rep on tiny inputs (seconds): test.sh runs this so the tool cannot break unseen.
+    #[arg(long)]
+    smoke: bool,
 }
 
 fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> Result<GenSummary> {
@@ -91,7 +94,10 @@ fn llama_bench(
 }
 
 fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        (args.reps, args.pp, args.tg) = (1, 64, 8);
+    }
     let config = Config::load(&args.config)?;
     let cfg = config.model(&args.role)?.clone();
     let path = config.model_path(&cfg);

@@ -36,6 +36,9 @@ struct Args {
     reps: usize,
     #[arg(long, default_value_t = 128)]
     max_tokens: u32,
+    /// One rep on tiny inputs (seconds): test.sh runs this so the tool cannot break unseen.
+    #[arg(long)]
+    smoke: bool,
 }
 
 const PROMPT: &str = "You are helping a traveller plan a week in France. They like museums, long walks, \
@@ -128,7 +131,10 @@ impl Drop for Kill {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        (args.reps, args.max_tokens) = (1, 8);
+    }
     let config = Config::load(&args.config)?;
     let m = config.model(&args.role)?.clone();
     let model = config.model_path(&m);

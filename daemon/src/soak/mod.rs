@@ -59,6 +59,41 @@ pub struct SoakArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Percentage of steps that are spoken questions on `voice` (0: none). The questions are
+    /// spoken here, by the English voice of `--config`, before the traffic starts.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub voice: u32,
+    /// The daemon's budget has no room for the speech models: every voice turn must be refused
+    /// with `over_budget` while text turns go on (any other end of a voice turn fails the soak).
+    #[arg(long)]
+    pub speech_refused: bool,
+    /// The model set whose voice speaks the questions of `--voice`.
+    #[arg(long, env = "KAZEIA_CONFIG", default_value = "models.toml")]
+    pub config: PathBuf,
+}
+
+/// Questions for the voice steps, spoken by the English voice.
+const SPOKEN: &[&str] = &[
+    "What is the capital of France?",
+    "How do I boil an egg?",
+    "Give me one tip to sleep better.",
+    "Write a short poem about the sea.",
+];
+
+/// The voice steps' questions as audio, made before the traffic (seconds, not in the timings).
+fn clips(config_path: &Path) -> Result<Vec<workload::Clip>> {
+    let config = crate::config::Config::load(config_path).map_err(|e| anyhow!("{e}"))?;
+    let mut voice = crate::speech::voice_for(&config, "en").map_err(|e| anyhow!("the soak's voice: {e}"))?;
+    SPOKEN
+        .iter()
+        .map(|text| {
+            let mut samples = voice.synthesize(text).map_err(|e| anyhow!("speaking {text:?}: {e}"))?;
+            // Half a second of silence after the question, as a speaker leaves.
+            samples.extend(std::iter::repeat_n(0.0, voice.sample_rate() as usize / 2));
+            let pcm = crate::speech::audio::to_s16le(&samples);
+            Ok(workload::Clip { text: text.to_string(), rate: voice.sample_rate(), pcm })
+        })
+        .collect()
 }
 
 /// Run the soak; Ok(verdict) whether it passed or not (the caller sets the exit code).
@@ -76,12 +111,16 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     let (turns, clients, budget_mib) = (args.turns, args.clients, mib(budget));
     tracing::info!(pid, ?roles, "soaking the daemon: {turns} turns, {clients} clients, a {budget_mib:.1} MiB budget");
 
+    let clips = if args.voice > 0 { clips(&args.config)? } else { Vec::new() };
     let plan = Arc::new(workload::Plan {
         socket: socket.clone(),
         turns: args.turns,
         max_tokens: args.max_tokens,
         roles,
         pipelines: status.pipelines.clone(),
+        voice: args.voice,
+        clips,
+        speech_refused: args.speech_refused,
     });
     let next = Arc::new(AtomicU64::new(0));
     let counts = Arc::new(workload::Counts::default());
@@ -150,6 +189,12 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     for e in client_errors {
         verdict.failures.push(format!("a client stopped: {e}"));
     }
+    // Every turn ends with an answer or an expected refusal (busy, cancelled, and over_budget
+    // for speech under --speech-refused); anything else is logged by the client and fails here.
+    let errors = counts.errors.load(Ordering::Relaxed);
+    if errors > 0 {
+        verdict.failures.push(format!("{errors} steps ended with an unexpected error or answer (see the log)"));
+    }
     let title = format!("kazeia soak: {} turns, {} clients — daemon pid {pid}", args.turns, args.clients);
     verdict.failures.extend(write_outputs(&args, &samples, budget, &title));
     let c = &counts;
@@ -163,6 +208,7 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
         "samples": verdict.samples,
         "done": get(&c.done), "cancelled": get(&c.cancelled), "vanished": get(&c.vanished),
         "busy": get(&c.busy), "reloads": get(&c.reloads), "errors": get(&c.errors),
+        "voice": get(&c.voice), "refused": get(&c.refused), "speech_refused": args.speech_refused,
         "peak_rss_bytes": verdict.peak_rss_bytes,
         "budget_bytes": verdict.budget_bytes,
         "rss_drift": verdict.rss_drift,
@@ -178,13 +224,15 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
         crate::cli::print::outln!("{summary}");
     } else {
         crate::cli::print::outln!(
-            "{} turns in {:.0} s: {} done, {} cancelled, {} vanished, {} busy, {} reloads, {} errors",
+            "{} turns in {:.0} s: {} done ({} voice), {} cancelled, {} vanished, {} busy, {} refused over budget, {} reloads, {} errors",
             args.turns,
             start.elapsed().as_secs_f64(),
             get(&c.done),
+            get(&c.voice),
             get(&c.cancelled),
             get(&c.vanished),
             get(&c.busy),
+            get(&c.refused),
             get(&c.reloads),
             get(&c.errors)
         );

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kazeia_ipc::{Client, ErrorCode, Event, Incoming, Request, TurnOptions};
+use kazeia_ipc::{AudioFrame, AudioSpec, Client, ErrorCode, Event, Frame, Incoming, Request, StopReason, TurnOptions};
 
 /// What one step of a client does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,10 +24,17 @@ pub enum Step {
     Reload,
     /// A status request.
     Status,
+    /// A spoken question on `voice` (a clip sent at once, flagged last), read to its end: the
+    /// transcript, the guarded reply and its audio.
+    Voice,
 }
 
 impl Step {
-    pub fn draw(rng: &mut fastrand::Rng) -> Step {
+    /// `voice`: the percentage of voice steps; the rest keep their shares.
+    pub fn draw(rng: &mut fastrand::Rng, voice: u32) -> Step {
+        if rng.u32(0..100) < voice {
+            return Step::Voice;
+        }
         match rng.u32(0..100) {
             0..40 => Step::Chat,
             40..65 => Step::Guarded,
@@ -48,6 +55,10 @@ pub struct Counts {
     pub busy: AtomicU64,
     pub reloads: AtomicU64,
     pub errors: AtomicU64,
+    /// Voice turns answered (transcript, reply, audio).
+    pub voice: AtomicU64,
+    /// Turns refused with `over_budget` where the soak expects it (speech that does not fit).
+    pub refused: AtomicU64,
 }
 
 impl Counts {
@@ -56,7 +67,15 @@ impl Counts {
             + self.cancelled.load(Ordering::Relaxed)
             + self.vanished.load(Ordering::Relaxed)
             + self.busy.load(Ordering::Relaxed)
+            + self.refused.load(Ordering::Relaxed)
     }
+}
+
+/// A spoken question: s16le mono PCM at `rate`.
+pub struct Clip {
+    pub text: String,
+    pub rate: u32,
+    pub pcm: Vec<u8>,
 }
 
 pub struct Plan {
@@ -65,6 +84,12 @@ pub struct Plan {
     pub max_tokens: u32,
     pub roles: Vec<String>,
     pub pipelines: Vec<String>,
+    /// Percentage of voice steps (0: none).
+    pub voice: u32,
+    pub clips: Vec<Clip>,
+    /// The daemon's budget leaves no room for speech: every voice turn must be refused with
+    /// `over_budget`, and text turns go on.
+    pub speech_refused: bool,
 }
 
 const PROMPTS: &[&str] = &[
@@ -84,7 +109,7 @@ pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, 
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut c = connect(&plan).await?;
     while next.fetch_add(1, Ordering::Relaxed) < plan.turns {
-        let mut step = Step::draw(&mut rng);
+        let mut step = Step::draw(&mut rng, plan.voice);
         if step == Step::Guarded && !plan.pipelines.iter().any(|p| p == "guarded-chat") {
             step = Step::Chat;
         }
@@ -132,7 +157,74 @@ pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, 
                 c.status().await.map_err(|e| format!("status: {e}"))?;
                 counts.done.fetch_add(1, Ordering::Relaxed);
             }
+            Step::Voice => {
+                let clip = &plan.clips[rng.usize(..plan.clips.len())];
+                voice(&c, clip, opts, &plan, &counts).await?;
+            }
         }
+    }
+    Ok(())
+}
+
+/// One voice turn: the clip in 100 ms frames, the last flagged; then its events to the end.
+async fn voice(c: &Client, clip: &Clip, options: TurnOptions, plan: &Plan, counts: &Counts) -> Result<(), String> {
+    let id = c.new_id();
+    let req = Request::Turn {
+        id: id.clone(),
+        pipeline: "voice".into(),
+        text: None,
+        audio: Some(AudioSpec { sample_rate: clip.rate, channels: 1 }),
+        session: None,
+        options,
+    };
+    let mut rx = c.send(req).await.map_err(|e| e.to_string())?;
+    let frame_bytes = (clip.rate as usize / 10) * 2;
+    let chunks: Vec<&[u8]> = clip.pcm.chunks(frame_bytes).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let last = i + 1 == chunks.len();
+        let frame =
+            AudioFrame { id: id.clone(), sample_rate: clip.rate, channels: 1, last, pcm: chunk.to_vec().into() };
+        c.send_frame(Frame::Audio(frame)).await.map_err(|e| e.to_string())?;
+    }
+    let (mut heard, mut audio, mut last_audio) = (false, 0u32, false);
+    let end = loop {
+        match rx.recv().await {
+            Some(Incoming::Event(Event::Transcript { .. })) => heard = true,
+            Some(Incoming::Event(ev @ (Event::Done { .. } | Event::Error { is_final: true, .. }))) => break ev,
+            Some(Incoming::Event(_)) => {}
+            Some(Incoming::Audio(a)) => {
+                audio += 1;
+                last_audio |= a.last;
+            }
+            None => {
+                break Event::Error {
+                    id: None,
+                    code: ErrorCode::Engine,
+                    message: "connection closed mid-turn".into(),
+                    is_final: true,
+                }
+            }
+        }
+    };
+    let wrong = |why: String| {
+        tracing::warn!("voice turn {id:?} ({:?}): {why}", clip.text);
+        counts.errors.fetch_add(1, Ordering::Relaxed);
+        counts.done.fetch_add(1, Ordering::Relaxed);
+    };
+    match (&end, plan.speech_refused) {
+        (Event::Error { code: ErrorCode::OverBudget, .. }, true) => {
+            counts.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        (_, true) => wrong(format!("speech does not fit the budget, yet the turn ended with {end:?}")),
+        (Event::Done { stop: StopReason::Eos | StopReason::Length | StopReason::Blocked, .. }, false) => {
+            if heard && audio > 0 && last_audio {
+                counts.voice.fetch_add(1, Ordering::Relaxed);
+                counts.done.fetch_add(1, Ordering::Relaxed);
+            } else {
+                wrong(format!("answered without transcript or reply audio (transcript {heard}, {audio} audio frames)"));
+            }
+        }
+        (_, false) => tally(counts, end),
     }
     Ok(())
 }
@@ -174,7 +266,7 @@ async fn end_of(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>) -> Even
 
 fn tally(counts: &Counts, end: Event) {
     let n = match &end {
-        Event::Done { stop: kazeia_ipc::StopReason::Cancelled, .. } => &counts.cancelled,
+        Event::Done { stop: StopReason::Cancelled, .. } => &counts.cancelled,
         Event::Done { .. } => &counts.done,
         Event::Error { code: ErrorCode::Cancelled, .. } => &counts.cancelled,
         Event::Error { code: ErrorCode::Busy, .. } => &counts.busy,

@@ -59,7 +59,7 @@ impl Supervisor {
             }
             for v in victims {
                 tracing::info!(role = %v, for_role = %role, "evicting an idle model to make room");
-                self.unload(&v).await;
+                self.unload_held(&v).await;
             }
         }
         self.set_role(role, ModelState::Loading, Some(0.0), None);
@@ -89,7 +89,18 @@ impl Supervisor {
     }
 
     /// Unload a role (waits for its running request). False if it was not loaded.
+    ///
+    /// Under the loading lock, as loads are: the engine lets go of the role before the ledger
+    /// does, and a load of the same role in between saw it gone from the engine but still in
+    /// the ledger (refused: "needed for thinker … resident: thinker"), or had its fresh
+    /// reservation removed by this unload's ledger update (found by the tight-budget soak).
     pub async fn unload(&self, role: &str) -> bool {
+        let _one_at_a_time = self.loading.lock().await;
+        self.unload_held(role).await
+    }
+
+    /// [`Supervisor::unload`] with the loading lock already held (evictions by a load).
+    async fn unload_held(&self, role: &str) -> bool {
         let engine = self.engine.clone();
         let r = role.to_string();
         let unloaded = tokio::task::spawn_blocking(move || engine.unload(&r)).await.unwrap_or(false);

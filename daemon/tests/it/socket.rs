@@ -653,3 +653,136 @@ async fn a_session_continues_across_turns_and_connections() {
     let other = done(other);
     assert!(other.prompt_tokens < second.prompt_tokens, "{other:?} vs {second:?}");
 }
+
+/// Two users on one daemon (a socket handed over with `allow_uids` = root and `nobody`, as a
+/// service's socket would be): one user cannot cancel the other's turn (`unknown_request`, the
+/// turn runs to its end) nor continue the other's session (the same name is a fresh
+/// conversation); the owner's own `kazeia cancel` from another connection does stop it. The other
+/// user runs the real CLI under its uid (the test runs as root, as CI does).
+#[tokio::test(flavor = "multi_thread")]
+async fn another_user_cannot_cancel_or_continue() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::io::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test switches to another uid: run the suite as root (CI does)");
+    let d = Daemon::start(&config(&format!("allow_uids = [0, {NOBODY}]")));
+    // A directory and a CLI binary the other user can reach (/root is 0700).
+    let shared = tempfile::Builder::new().prefix("kazeia-uid").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cli = shared.path().join("kazeia");
+    std::fs::copy(env!("CARGO_BIN_EXE_kazeia"), &cli).unwrap();
+    let path = shared.path().join("engine.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let cfg = d.dir.path().join("models.toml");
+    // Handed over as Android's init does (systemd's LISTEN_PID would have to name the child).
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"));
+    cmd.args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("ANDROID_SOCKET_kazeia", "9")
+        .stderr(std::process::Stdio::piped());
+    hand_over(&mut cmd, listener.as_raw_fd(), 9);
+    let mut child = cmd.spawn().unwrap();
+    drop(listener);
+    let log = common::collect_lines(child.stderr.take().unwrap());
+    let _dump = DumpOnPanic(log);
+    let as_nobody = |args: &[&str]| {
+        let out = std::process::Command::new(&cli)
+            .args(args)
+            .args(["--socket", path.to_str().unwrap()])
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .env("HOME", "/nonexistent")
+            .env_remove("XDG_RUNTIME_DIR")
+            .current_dir(shared.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let root = kazeia_ipc::Client::connect(&path, "root").await.unwrap();
+
+    // Sessions: root's "s1" grows; nobody's "s1" is as fresh as a name never used.
+    let turn = |id: &str, text: &str, session: &str| kazeia_ipc::Request::Turn {
+        id: id.into(),
+        pipeline: "chat".into(),
+        text: Some(text.into()),
+        audio: None,
+        session: Some(session.into()),
+        options: TurnOptions { max_tokens: Some(16), ..Default::default() },
+    };
+    let prompt_tokens = |ev: &Event| match ev {
+        Event::Done { metrics, .. } => u64::from(metrics.prompt_tokens),
+        other => panic!("{other:?}"),
+    };
+    let mut rx = root.send(turn("a", "My name is Zorglub. Remember it.", "s1")).await.unwrap();
+    let first = prompt_tokens(&finish(&mut rx).await.1);
+    let (code, out, err) = as_nobody(&[
+        "ask",
+        "--pipeline",
+        "chat",
+        "--session",
+        "s1",
+        "--max-tokens",
+        "16",
+        "--json",
+        "What is my name?",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let done = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "done")
+        .unwrap_or_else(|| panic!("no done in {out}"));
+    let theirs = done["metrics"]["prompt_tokens"].as_u64().unwrap();
+    let mut rx = root.send(turn("b", "What is my name?", "never-used")).await.unwrap();
+    let fresh = prompt_tokens(&finish(&mut rx).await.1);
+    let mut rx = root.send(turn("c", "What is my name?", "s1")).await.unwrap();
+    let ours = prompt_tokens(&finish(&mut rx).await.1);
+    assert_eq!(theirs, fresh, "nobody's \"s1\" holds nothing of root's");
+    assert!(ours > fresh + first / 2, "root's \"s1\" holds its first turn: {first}, then {ours} (fresh {fresh})");
+
+    // Cancel: refused across users; the owner's own CLI cancels.
+    let long = kazeia_ipc::Request::Turn {
+        id: "long".into(),
+        pipeline: "chat".into(),
+        text: Some("Write a very long story about a dragon who learns to bake bread.".into()),
+        audio: None,
+        session: None,
+        options: TurnOptions { max_tokens: Some(2000), ..Default::default() },
+    };
+    let mut rx = root.send(long).await.unwrap();
+    // Started: its first token came.
+    loop {
+        match rx.recv().await.unwrap() {
+            Incoming::Event(Event::Token { .. }) => break,
+            Incoming::Event(Event::Accepted { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let (code, out, err) = as_nobody(&["cancel", "long"]);
+    assert_ne!(code, Some(0), "another user's cancel is refused: {out}{err}");
+    assert!(format!("{out}{err}").contains("unknown_request"), "{out}{err}");
+    let mine = std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"))
+        .args(["cancel", "long", "--socket", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(mine.status.success(), "{mine:?}");
+    let (_, end) = finish(&mut rx).await;
+    assert!(matches!(end, Event::Done { stop: StopReason::Cancelled, .. }), "the owner's cancel stopped it: {end:?}");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The handed-over daemon's log, printed if the test fails.
+struct DumpOnPanic(std::sync::Arc<std::sync::Mutex<String>>);
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- handed-over daemon ---\n{}", self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+}
