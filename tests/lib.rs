@@ -57,6 +57,12 @@ pub fn proc_status_bytes(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
+/// Reset this process's peak RSS (VmHWM) to its current RSS (`/proc/self/clear_refs`, "5"), so
+/// that the next VmHWM read is the peak of what runs after this call alone.
+pub fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").expect("/proc/self/clear_refs");
+}
+
 /// Proportional set size of this process (/proc/self/smaps_rollup), in bytes.
 pub fn pss_bytes() -> u64 {
     let s = std::fs::read_to_string("/proc/self/smaps_rollup").expect("smaps_rollup");

@@ -74,20 +74,25 @@ fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError
 /// IPA phonemes of `text` as Piper was trained on them: one clause at a time, the clause's
 /// punctuation kept (espeak-ng drops it, the voice uses it for prosody).
 pub fn phonemize(text: &str, voice: &str) -> Result<String, SpeechError> {
-    let mut out = String::new();
+    Ok(phonemize_clauses(text, voice)?.join(" "))
+}
+
+/// [`phonemize`], clause by clause (each with its punctuation).
+pub fn phonemize_clauses(text: &str, voice: &str) -> Result<Vec<String>, SpeechError> {
+    let mut out: Vec<String> = Vec::new();
     let mut clause = String::new();
-    let flush = |clause: &mut String, punct: Option<char>, out: &mut String| -> Result<(), SpeechError> {
+    let flush = |clause: &mut String, punct: Option<char>, out: &mut Vec<String>| -> Result<(), SpeechError> {
         let c = clause.trim();
+        let mut ipa = String::new();
         if !c.is_empty() {
             let o = espeak(&["-q", "--ipa", "-v", voice], c)?;
-            let ipa = String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
-            if !out.is_empty() {
-                out.push(' ');
-            }
-            out.push_str(&ipa);
+            ipa = String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
         }
         if let Some(p) = punct {
-            out.push(p);
+            ipa.push(p);
+        }
+        if !ipa.is_empty() {
+            out.push(ipa);
         }
         clause.clear();
         Ok(())
@@ -101,6 +106,49 @@ pub fn phonemize(text: &str, voice: &str) -> Result<String, SpeechError> {
     }
     flush(&mut clause, None, &mut out)?;
     Ok(out)
+}
+
+/// Most phoneme ids Piper is given in one run (about 1.7 s of speech). Its working memory grows
+/// with the audio of a run, faster than linearly (measured, arena off: 128 ids 49 MiB over the
+/// loaded model, 256 ids 102 MiB, 512 ids 256 MiB; a 16-word sentence in one run peaked at
+/// 203 MB), so longer text
+/// is spoken in runs of whole clauses (or words, for a clause over the cap) joined end to end,
+/// as Piper's own phonemizer splits by sentence. The plan's TTS factor is measured at this cap.
+pub const MAX_IDS_PER_RUN: usize = 128;
+
+/// Group clauses into runs of at most `max` symbols (`cost` of each), splitting an oversized
+/// clause at its spaces; a single word over the cap goes alone.
+fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<String> {
+    let mut pieces: Vec<String> = Vec::new();
+    for c in clauses {
+        if cost(c) <= max {
+            pieces.push(c.clone());
+            continue;
+        }
+        let mut cur = String::new();
+        for w in c.split(' ') {
+            let candidate = if cur.is_empty() { w.to_string() } else { format!("{cur} {w}") };
+            if !cur.is_empty() && cost(&candidate) > max {
+                pieces.push(std::mem::replace(&mut cur, w.to_string()));
+            } else {
+                cur = candidate;
+            }
+        }
+        if !cur.is_empty() {
+            pieces.push(cur);
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for p in pieces {
+        match out.last_mut() {
+            Some(last) if cost(&format!("{last} {p}")) <= max => {
+                last.push(' ');
+                last.push_str(&p);
+            }
+            _ => out.push(p),
+        }
+    }
+    out
 }
 
 pub struct Piper {
@@ -138,15 +186,14 @@ impl Piper {
         ids.push(id("$").unwrap_or(2));
         ids
     }
-}
 
-impl Voice for Piper {
-    fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError> {
-        let ids = self.ids(&phonemize(text, &self.config.espeak.voice)?);
+    /// One run of the voice on `ids` (at most [`MAX_IDS_PER_RUN`] of them, but for one word).
+    fn run(&mut self, ids: &[i64]) -> Result<Vec<f32>, SpeechError> {
         if ids.len() <= 3 {
             return Ok(Vec::new());
         }
-        let input = Array2::from_shape_vec((1, ids.len()), ids.clone()).map_err(|e| SpeechError::Run(e.to_string()))?;
+        let input =
+            Array2::from_shape_vec((1, ids.len()), ids.to_vec()).map_err(|e| SpeechError::Run(e.to_string()))?;
         let lengths = Array1::from_elem(1, ids.len() as i64);
         let inf = &self.config.inference;
         let scales = Array1::from_vec(vec![inf.noise_scale, inf.length_scale, inf.noise_w]);
@@ -156,6 +203,17 @@ impl Voice for Piper {
             "scales" => TensorRef::from_array_view(&scales)?,
         ])?;
         Ok(out["output"].try_extract_array::<f32>()?.iter().copied().collect())
+    }
+}
+
+impl Voice for Piper {
+    fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError> {
+        let clauses = phonemize_clauses(text, &self.config.espeak.voice)?;
+        let mut audio = Vec::new();
+        for run in runs(&clauses, MAX_IDS_PER_RUN, |p| self.ids(p).len()) {
+            audio.extend(self.run(&self.ids(&run))?);
+        }
+        Ok(audio)
     }
 
     fn sample_rate(&self) -> u32 {
@@ -198,6 +256,20 @@ impl Voice for Espeak {
 
 #[cfg(test)]
 mod tests {
+    /// Runs never pass the cap but for a lone word; clauses stay whole when they fit; nothing
+    /// is lost or reordered.
+    #[test]
+    fn runs_are_capped_whole_clauses() {
+        let clauses: Vec<String> = ["aaaa bb,", "cc.", "dddddd eeeeee ffffff gg", "h"].map(String::from).to_vec();
+        let r = super::runs(&clauses, 10, str::len);
+        assert_eq!(r, ["aaaa bb,", "cc. dddddd", "eeeeee", "ffffff gg", "h"]);
+        assert!(r.iter().all(|p| p.len() <= 10));
+        assert_eq!(r.join(" "), clauses.join(" "));
+        let r = super::runs(&["a,".to_string(), "b,".into(), "c".into()], 10, str::len);
+        assert_eq!(r, ["a, b, c"]);
+        assert_eq!(super::runs(&["toolongword".to_string()], 4, str::len), ["toolongword"]);
+    }
+
     /// Text that looks like options is spoken, not obeyed.
     #[test]
     fn text_is_never_an_option() {

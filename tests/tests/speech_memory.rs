@@ -3,7 +3,7 @@
 
 use kazeia_daemon::speech::voice_for;
 use kazeia_memory_budget::onnx::{estimate_onnx, OnnxKind};
-use kazeia_tests::{config, proc_status_bytes};
+use kazeia_tests::{config, proc_status_bytes, reset_peak_rss};
 
 #[test]
 fn speech_models_stay_within_their_estimate() {
@@ -19,16 +19,31 @@ fn speech_models_stay_within_their_estimate() {
     let speech: Vec<f32> = (0..16_000 * 3).map(|i| ((i as f32) * 0.05).sin() * 0.1).collect();
     stt.transcribe(&speech, Some("en"), &|| false).unwrap();
     let stt_peak = proc_status_bytes("VmHWM") - before;
-    // ONNX Runtime's arena keeps what a run took: RSS after the run is its peak.
+    // The voice's own peak: without ONNX Runtime's arena a run gives back what it took, so
+    // RSS after it is not its peak; the high-water mark, reset here, is.
+    reset_peak_rss();
     let mid = proc_status_bytes("VmRSS");
     let mut voice = voice_for(&c, "en").unwrap();
-    voice.synthesize("The weather is nice today and we will go to the park.").unwrap();
-    let tts_peak = proc_status_bytes("VmRSS").saturating_sub(mid);
-    let rows = [("stt+vad", stt_bytes, stt_peak, OnnxKind::Stt), ("tts", tts_bytes, tts_peak, OnnxKind::Tts)];
-    for (name, file, peak, _) in rows {
+    // Three sentences of a reply's lengths: the peak over them (one synthesis alone peaked
+    // anywhere from 1.14 to 1.83 × the file over five runs: which ORT thread frees what, when),
+    // the last one past the cap of ids per run.
+    for text in [
+        "The weather is nice today and we will go to the park.",
+        "Paris is the capital of France.",
+        "Boil the water first, then lower the egg gently with a spoon and wait nine minutes.",
+        // One clause over the voice's cap (kazeia_speech::tts::MAX_IDS_PER_RUN): runs at the cap.
+        "Take the second road on the left after the old stone bridge and keep walking along the river until you reach the small bakery with the green door",
+    ] {
+        voice.synthesize(text).unwrap();
+    }
+    let tts_peak = proc_status_bytes("VmHWM").saturating_sub(mid);
+    // Above: never below the peak. The upper bound is looser for the voice, whose peak varies.
+    let rows =
+        [("stt+vad", stt_bytes, stt_peak, OnnxKind::Stt, 1.25), ("tts", tts_bytes, tts_peak, OnnxKind::Tts, 1.75)];
+    for (name, file, peak, ..) in rows {
         eprintln!("{name}: files {file} B, measured {peak} B (factor {:.2})", peak as f64 / file as f64);
     }
-    for (name, file, peak, kind) in rows {
+    for (name, file, peak, kind, above) in rows {
         let est = estimate_onnx(file, kind);
         eprintln!(
             "{name}: estimate {est} B (factor {}) vs measured {peak} B: ratio {:.3}",
@@ -36,6 +51,6 @@ fn speech_models_stay_within_their_estimate() {
             est as f64 / peak as f64
         );
         assert!(est >= peak, "{name}: the estimate {est} is below the measured {peak}");
-        assert!(est as f64 <= peak as f64 * 1.25, "{name}: the estimate {est} is far above the measured {peak}");
+        assert!(est as f64 <= peak as f64 * above, "{name}: the estimate {est} is far above the measured {peak}");
     }
 }

@@ -65,7 +65,7 @@ async fn main() -> Result<()> {
     let engine = Engine::new();
     let base = status_bytes("VmRSS");
     println!("{:<8} {:>12} {:>14} {:>8}", "role", "plan MiB", "measured MiB", "ratio");
-    let (mut planned_total, mut measured_total) = (0u64, 0u64);
+    let (mut planned_total, mut measured_total, mut whole_peak) = (0u64, 0u64, 0u64);
     // The language models first, then the speech rows (ONNX: `stt`, `tts`).
     for m in plan.models.iter().filter(|m| config.model(&m.role).is_ok()) {
         let mut cfg = config.model(&m.role).map_err(|e| anyhow!("{e}"))?.clone();
@@ -114,6 +114,10 @@ async fn main() -> Result<()> {
         measured_total += measured;
     }
     for m in plan.models.iter().filter(|m| config.model(&m.role).is_err()) {
+        // This row's own peak: the high-water mark restarts at the current RSS ("5" to
+        // clear_refs). The whole run's peak (last line) is kept apart, before the reset.
+        whole_peak = whole_peak.max(status_bytes("VmHWM"));
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
         let before = status_bytes("VmRSS");
         let what = speech_row(&config, &m.role, &m.file)?;
         let measured = status_bytes("VmHWM").saturating_sub(before);
@@ -128,7 +132,7 @@ async fn main() -> Result<()> {
         planned_total += m.total_bytes;
         measured_total += measured;
     }
-    let peak = status_bytes("VmHWM").saturating_sub(base);
+    let peak = whole_peak.max(status_bytes("VmHWM")).saturating_sub(base);
     println!(
         "{:<8} {:>12.1} {:>14.1} {:>8.3}   (peak of the whole run: {:.1} MiB)",
         "total",

@@ -8,16 +8,28 @@ use std::time::Instant;
 
 use super::Supervisor;
 
+/// What an unload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unload {
+    Done,
+    NotLoaded,
+    /// Turns hold the role (their leases): it stays.
+    InUse(usize),
+}
+
 impl Supervisor {
     /// Load `role` unless it is loaded; `progress` sees the load's progress. Concurrent callers
     /// for one role wait for the same load.
     pub async fn ensure_loaded(&self, role: &str, progress: impl Fn(f32) + Send + 'static) -> Result<(), LlmError> {
         match self.engine.info(role).map(|i| i.failed) {
-            Some(None) => return Ok(()),
-            // Its worker panicked: a fresh context, not a zombie.
+            // Loaded, and no unload has begun on it (else: wait for that below, and load again).
+            Some(None) if !self.unloading.lock().expect("unloading").contains(role) => return Ok(()),
+            Some(None) => {}
+            // Its worker panicked: a fresh context, not a zombie (whoever holds it).
             Some(Some(why)) => {
                 tracing::warn!(role, "reloading a role that failed: {why}");
-                self.unload(role).await;
+                let _one_at_a_time = self.loading.lock().await;
+                self.unload_held(role, true).await;
             }
             None => {}
         }
@@ -59,7 +71,7 @@ impl Supervisor {
             }
             for v in victims {
                 tracing::info!(role = %v, for_role = %role, "evicting an idle model to make room");
-                self.unload_held(&v).await;
+                self.unload_held(&v, false).await;
             }
         }
         self.set_role(role, ModelState::Loading, Some(0.0), None);
@@ -94,13 +106,28 @@ impl Supervisor {
     /// does, and a load of the same role in between saw it gone from the engine but still in
     /// the ledger (refused: "needed for thinker … resident: thinker"), or had its fresh
     /// reservation removed by this unload's ledger update (found by the tight-budget soak).
-    pub async fn unload(&self, role: &str) -> bool {
+    ///
+    /// A role that admitted turns hold is not unloaded ([`Unload::InUse`]): such a turn may be
+    /// between its load and its first request, and would find no model (seen in the soak as
+    /// `no_model` after a reload step).
+    pub async fn unload(&self, role: &str) -> Unload {
         let _one_at_a_time = self.loading.lock().await;
-        self.unload_held(role).await
+        self.unload_held(role, false).await
     }
 
-    /// [`Supervisor::unload`] with the loading lock already held (evictions by a load).
-    async fn unload_held(&self, role: &str) -> bool {
+    /// [`Supervisor::unload`] with the loading lock already held (evictions by a load);
+    /// `force`: whatever holds it (a failed role, reloaded by the turn that found it failed).
+    async fn unload_held(&self, role: &str, force: bool) -> Unload {
+        {
+            // Under `leases`: a turn leases before it checks `unloading`, so either this sees
+            // its lease or the turn sees the unload begun.
+            let leases = self.leases.lock().expect("leases lock");
+            let held = leases.get(role).copied().unwrap_or(0);
+            if held > 0 && !force {
+                return Unload::InUse(held);
+            }
+            self.unloading.lock().expect("unloading").insert(role.to_string());
+        }
         let engine = self.engine.clone();
         let r = role.to_string();
         let unloaded = tokio::task::spawn_blocking(move || engine.unload(&r)).await.unwrap_or(false);
@@ -109,7 +136,12 @@ impl Supervisor {
             self.ledger.lock().expect("ledger").remove(role);
             self.set_role(role, ModelState::Unloaded, None, None);
         }
-        unloaded
+        self.unloading.lock().expect("unloading").remove(role);
+        if unloaded {
+            Unload::Done
+        } else {
+            Unload::NotLoaded
+        }
     }
 
     /// Sample memory pressure and act on it: under low pressure shed idle sessions and idle
@@ -180,7 +212,7 @@ impl Supervisor {
         };
         let mut done = Vec::new();
         for r in expired {
-            if self.unload(&r).await {
+            if self.unload(&r).await == Unload::Done {
                 tracing::info!(role = %r, "keep-alive expired: unloaded");
                 done.push(r);
             }

@@ -7,7 +7,7 @@
 //! - `speech`: the speech models, loaded once;
 //! - `status`: the report clients, subscribers and D-Bus read.
 //!
-//! Lock order: `roles` before `turns` before `ledger` before `leases`. No std lock is held
+//! Lock order: `roles` before `turns` before `ledger` before `leases` before `unloading`. No std lock is held
 //! across an await or an engine call; `loading` (async) is held across a whole admission + load.
 
 mod heap;
@@ -29,6 +29,7 @@ use tokio::sync::{broadcast, Mutex as AsyncMutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+pub use load::Unload;
 pub use speech::SpeechStack;
 use turn::TurnEntry;
 pub use turn::{Lease, Turn, TurnRequest, Who};
@@ -52,6 +53,9 @@ pub struct Supervisor {
     loading: AsyncMutex<()>,
     /// Admitted turns per role (see [`Lease`]).
     leases: Mutex<HashMap<String, usize>>,
+    /// Roles an unload has begun on: a turn does not take them for loaded (it waits for the
+    /// unload, then loads them again). Entered under `leases`, after checking none is held.
+    unloading: Mutex<std::collections::HashSet<String>>,
     /// What each loaded role holds against the budget.
     pub ledger: Mutex<kazeia_memory_budget::Ledger>,
     /// The last pressure level sampled.
@@ -96,6 +100,7 @@ impl Supervisor {
             turns: Mutex::default(),
             loading: AsyncMutex::new(()),
             leases: Mutex::default(),
+            unloading: Mutex::default(),
             ledger: Mutex::new(kazeia_memory_budget::Ledger::new(budget)),
             pressure: Mutex::new(Level::Normal),
             connections: AtomicU32::new(0),

@@ -4,6 +4,7 @@
 use kazeia_ipc::{ErrorCode, Event};
 
 use super::Conn;
+use crate::supervisor::Unload;
 
 pub fn load(c: &mut Conn, id: String, role: String) {
     let (sup, out) = (c.sup.clone(), c.out.clone());
@@ -43,7 +44,14 @@ pub fn unload(c: &mut Conn, id: String, role: String) {
                     Err(e) => return out.error(Some(id), ErrorCode::Engine, format!("unload task: {e}")),
                 }
             }
-            None => sup.unload(&role).await,
+            None => match sup.unload(&role).await {
+                Unload::Done => true,
+                Unload::NotLoaded => false,
+                Unload::InUse(n) => {
+                    let msg = format!("role {role:?} is in use by {n} running turn(s): unload it when they end");
+                    return out.error(Some(id), ErrorCode::Busy, msg);
+                }
+            },
         };
         if unloaded {
             out.send(&Event::Unloaded { id: Some(id), role });
