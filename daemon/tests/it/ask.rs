@@ -220,3 +220,53 @@ fn reasoning_is_bounded_and_shown_only_when_asked() {
     assert!(!out.contains("\"thinking\""), "{out}");
     assert!(events(&out).last().unwrap()["metrics"]["thinking_tokens"].as_u64().is_some(), "{out}");
 }
+
+/// Each guard stage blocks end to end, forced by rules so that no model's whim decides: an input
+/// rule (the Thinker's overlapped work is cancelled, nothing of it leaves) and an output rule on
+/// the word the reply is sure to hold (released text never holds it; the Thinker is cancelled
+/// mid-reply: it generates far fewer tokens than it was allowed).
+#[test]
+fn rules_block_at_each_stage_and_nothing_blocked_leaves() {
+    let models = std::fs::read_to_string(repo().join("models.toml")).unwrap();
+    let rules = "\n[[guard.rules]]\npattern = \"(?i)capital of italy\"\nlabel = \"Unsafe\"\non = \"input\"\n\
+                 \n[[guard.rules]]\npattern = \"(?i)capital of france\"\nlabel = \"Safe\"\non = \"input\"\n\
+                 \n[[guard.rules]]\npattern = \"(?i)paris\"\nlabel = \"Unsafe\"\non = \"output\"\n\
+                 \n[[guard.rules]]\npattern = \"(?s).*\"\nlabel = \"Safe\"\non = \"output\"\n";
+    let d = Daemon::start(&format!("[daemon]\npreload = true\n\n{models}{rules}"));
+    let verdicts = |ev: &[serde_json::Value]| -> Vec<(String, String)> {
+        ev.iter()
+            .filter(|e| e["type"] == "verdict")
+            .map(|e| (e["stage"].as_str().unwrap().to_string(), e["label"].as_str().unwrap().to_string()))
+            .collect()
+    };
+
+    let (code, out, err) = kazeia(
+        &d,
+        &["ask", "--json", "--temperature", "0", "--max-tokens", "200", "What is the capital of Italy?"],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    let ev = events(&out);
+    assert_eq!(verdicts(&ev), [("input".to_string(), "Unsafe".to_string())], "{out}");
+    assert_eq!(text_of(&ev), "I can't help with that.", "{out}");
+    assert_eq!(ev.last().unwrap()["stop"], "blocked", "{out}");
+
+    let essay = "Write a long essay about the capital of France, Paris, its history and its museums.";
+    let (code, out, err) = kazeia(&d, &["ask", "--json", "--temperature", "0", "--max-tokens", "400", essay], "");
+    assert_eq!(code, 0, "{err}");
+    let ev = events(&out);
+    let v = verdicts(&ev);
+    assert_eq!(v.first(), Some(&("input".to_string(), "Safe".to_string())), "{out}");
+    assert_eq!(v.last(), Some(&("output".to_string(), "Unsafe".to_string())), "{out}");
+    let text = text_of(&ev);
+    assert!(!text.to_lowercase().contains("paris") && text.ends_with("I can't help with that."), "{out}");
+    let done = ev.last().unwrap();
+    assert_eq!(done["stop"], "blocked", "{out}");
+    // The Thinker stopped at the block, long before the essay's 400 tokens (the engine counts
+    // what each role generated, cancelled work included).
+    let (_, st, _) = kazeia(&d, &["status", "--json"], "");
+    let st: serde_json::Value = serde_json::from_str(st.lines().last().unwrap()).unwrap();
+    let models = st["status"]["models"].as_array().unwrap();
+    let generated = models.iter().find(|m| m["role"] == "thinker").unwrap()["generated_tokens"].as_u64().unwrap();
+    assert!(generated < 200, "the Thinker went on after the block: {generated} tokens in two turns\n{out}");
+}

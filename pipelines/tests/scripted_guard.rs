@@ -1,0 +1,176 @@
+//! The runner's guard paths with a scripted `Llm` (pure logic: which verdict comes when is
+//! chosen here, so a path a real model takes only by chance is run every time). The Thinker
+//! streams three sentences, one token at a time, and keeps its cancel token; the guard answers
+//! by script.
+//!
+//! What must hold: an input verdict that blocks releases nothing of the Thinker and sends the
+//! refusal; an output verdict that blocks the second sentence releases the first (its tokens and
+//! its `sentence`), cancels the Thinker, releases nothing more and sends the refusal.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kazeia_ipc::{Event, Metrics, StopReason};
+use kazeia_pipelines::{
+    run_turn, ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateRequest,
+    GuardPolicy, Label, Llm, LlmError, Registry, TurnInput,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+const SENTENCES: [&str; 3] = ["Paris is the capital. ", "Here is how to hurt someone. ", "The end."];
+
+/// The guard's script: the verdict for a check, from its slot and the text it sees.
+type Script = dyn Fn(Check, &str) -> Label + Send + Sync;
+
+struct Scripted {
+    script: Box<Script>,
+    /// Label strings as the guard format writes them.
+    labels: Vec<(String, Label)>,
+    /// The Thinker's cancel token.
+    thinker_cancel: Mutex<Option<CancellationToken>>,
+    classified: AtomicU32,
+}
+
+impl Scripted {
+    fn new(script: impl Fn(Check, &str) -> Label + Send + Sync + 'static) -> Scripted {
+        let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+        Scripted {
+            script: Box::new(script),
+            labels: policy.format.prompt(Check::Input, "x", "").labels,
+            thinker_cancel: Mutex::new(None),
+            classified: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Llm for Scripted {
+    fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<mpsc::UnboundedReceiver<GenEvent>, LlmError> {
+        assert_eq!(request.role, "thinker", "the guard only classifies here (categories off)");
+        *self.thinker_cancel.lock().unwrap() = Some(cancel.clone());
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let tokens: Vec<String> = SENTENCES.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect();
+            let mut generated = 0;
+            for t in tokens {
+                // A decode step; a cancelled engine stops within one.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if cancel.is_cancelled() {
+                    break;
+                }
+                generated += 1;
+                let _ = tx.send(GenEvent::Token { text: t, at: Instant::now() });
+            }
+            let stop = if cancel.is_cancelled() { StopReason::Cancelled } else { StopReason::Eos };
+            let metrics = Metrics { generated_tokens: generated, ..Metrics::default() };
+            let _ =
+                tx.send(GenEvent::Finished(Ok(GenSummary { stop, metrics, prefilled_tokens: 0, cached_tokens: 0 })));
+        });
+        Ok(rx)
+    }
+
+    fn classify(
+        &self,
+        request: ClassifyRequest,
+        _cancel: CancellationToken,
+    ) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError> {
+        self.classified.fetch_add(1, Ordering::SeqCst);
+        let check = if request.slot == Check::Output.slot() { Check::Output } else { Check::Input };
+        let seen: String =
+            request.messages.iter().map(|m: &ChatMessage| m.content.as_str()).collect::<Vec<_>>().join("\n");
+        let label = (self.script)(check, &seen);
+        let text = self.labels.iter().find(|(_, l)| *l == label).expect("the format has the label").0.clone();
+        assert!(request.labels.contains(&text), "{text:?} among {:?}", request.labels);
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Ok(Classification {
+            label: text,
+            scores: vec![],
+            prompt_tokens: 10,
+            prefilled_tokens: 10,
+            ms: 1.0,
+        }));
+        Ok(rx)
+    }
+}
+
+/// Run one guarded turn against `llm`; all its events.
+async fn turn(llm: &Scripted) -> Vec<Event> {
+    let registry = Registry::builtin();
+    let pipeline = registry.get("guarded-chat").unwrap();
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let input = TurnInput { text: "What is the capital of France?".into(), ..Default::default() };
+    run_turn(pipeline, input, Engines { llm, policy: &policy, sessions: None }, CancellationToken::new(), tx).await;
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    events
+}
+
+fn refusal() -> String {
+    GuardPolicy::default().refusal_for(&[], "What is the capital of France?").to_string()
+}
+
+#[tokio::test]
+async fn an_input_verdict_that_blocks_releases_nothing() {
+    let llm = Scripted::new(|check, _| if check == Check::Input { Label::Unsafe } else { Label::Safe });
+    let events = turn(&llm).await;
+    let released: String = events
+        .iter()
+        .filter_map(|e| if let Event::Token { text, .. } = e { Some(text.as_str()) } else { None })
+        .collect();
+    assert_eq!(released, refusal(), "only the refusal: {events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Blocked, .. })), "{events:?}");
+    assert!(
+        matches!(&events[0], Event::Verdict { stage, label, .. } if stage == "input" && label == "Unsafe"),
+        "{events:?}"
+    );
+    let thinker = llm.thinker_cancel.lock().unwrap().clone();
+    assert!(thinker.is_none_or(|c| c.is_cancelled()), "an overlapped Thinker is cancelled");
+    assert_eq!(llm.classified.load(Ordering::SeqCst), 1, "no output check after a blocked input");
+}
+
+#[tokio::test]
+async fn an_output_verdict_that_blocks_the_second_sentence_keeps_the_first_and_stops() {
+    let llm = Scripted::new(
+        |check, seen| {
+            if check == Check::Output && seen.contains("hurt") {
+                Label::Unsafe
+            } else {
+                Label::Safe
+            }
+        },
+    );
+    let events = turn(&llm).await;
+    let tokens: String = events
+        .iter()
+        .filter_map(|e| if let Event::Token { text, .. } = e { Some(text.as_str()) } else { None })
+        .collect();
+    let sentences: Vec<&str> = events
+        .iter()
+        .filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.as_str()) } else { None })
+        .collect();
+    assert_eq!(tokens, format!("{}{}", SENTENCES[0], refusal()), "sentence 1, then the refusal: {events:?}");
+    assert_eq!(sentences, [SENTENCES[0].trim(), refusal().as_str()], "{events:?}");
+    assert!(!tokens.contains(SENTENCES[1]) && !tokens.contains(SENTENCES[2]), "nothing after the block is released");
+    let verdicts: Vec<(&str, &str)> = events
+        .iter()
+        .filter_map(|e| {
+            if let Event::Verdict { stage, label, .. } = e {
+                Some((stage.as_str(), label.as_str()))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(verdicts, [("input", "Safe"), ("output", "Safe"), ("output", "Unsafe")], "{events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Blocked, .. })), "{events:?}");
+    let thinker = llm.thinker_cancel.lock().unwrap().clone().expect("the Thinker ran");
+    assert!(thinker.is_cancelled(), "the Thinker is cancelled mid-reply");
+}
