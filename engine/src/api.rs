@@ -77,6 +77,9 @@ pub struct Classification {
     pub prompt_tokens: u32,
     /// Tokens decoded for this request (the rest came from the context's cache).
     pub prefilled_tokens: u32,
+    /// Decode steps past the prompt: 0 when the labels differ at their first token (one pass:
+    /// the prompt's last logits decide); else one per token the surviving labels share.
+    pub label_steps: u32,
     pub ms: f64,
 }
 

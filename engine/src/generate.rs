@@ -722,6 +722,7 @@ fn classify(
         scores,
         prompt_tokens: tokens.len() as u32,
         prefilled_tokens: pre.decoded + extra,
+        label_steps: extra,
         ms: t.elapsed().as_secs_f64() * 1e3,
     })
 }

@@ -92,6 +92,7 @@ impl Llm for Scripted {
             scores: vec![],
             prompt_tokens: 10,
             prefilled_tokens: 10,
+            label_steps: 0,
             ms: 1.0,
         }));
         Ok(rx)

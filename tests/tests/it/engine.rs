@@ -251,6 +251,7 @@ async fn classify_is_one_pass_cached_and_constrained() {
     // Labels with distinct first tokens: one pass, probabilities over the labels.
     let a = run(ask("What is the capital of France?", &[" Paris", " London", " Berlin"], 0)).await;
     assert_eq!(a.label, " Paris", "{a:?}");
+    assert_eq!(a.label_steps, 0, "one pass: the prompt's last logits decide {a:?}");
     let total: f32 = a.scores.iter().map(|(_, p)| p).sum();
     assert!((total - 1.0).abs() < 1e-3, "{a:?}");
     assert_eq!(a.prefilled_tokens, a.prompt_tokens, "a cold context prefills everything");
@@ -278,6 +279,9 @@ async fn classify_is_one_pass_cached_and_constrained() {
     // token is decoded, then what follows is compared.
     let vocab_probe = run(ask("Is it safe to eat raw chicken?", &[" Unsafe", " Unsure"], 0)).await;
     assert!([" Unsafe", " Unsure"].contains(&vocab_probe.label.as_str()));
+    // They share " Uns" (one token in SmolLM2's vocabulary): one step decodes it, and the
+    // scores come from the next position, where they differ.
+    assert_eq!(vocab_probe.label_steps, 1, "{vocab_probe:?}");
     let cold = vocab_probe.prefilled_tokens;
     assert!(cold >= 1, "{vocab_probe:?}");
     // Labels with no token at all: a clear error, and the role goes on serving (it once
