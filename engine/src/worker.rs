@@ -126,6 +126,24 @@ impl Drop for Worker {
     }
 }
 
+/// One decode of one token, then an empty context, before the role says it is ready (as
+/// llama.cpp's own tools warm a context up). The first decode starts the CPU backend's thread
+/// team (OpenMP: `threads - 1` more threads, alive from then on) and touches the compute
+/// buffers: done here, the role's thread count and memory are what they will be while it
+/// serves, from its load on (a soak's thread count breathed 7-8 with each reload, until the
+/// reloaded role's first request), and the first turn does not pay for it.
+fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, role: &str) {
+    let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(1, 1);
+    let decoded = batch
+        .add(llama_cpp_2::token::LlamaToken::new(0), 0, &[0], true)
+        .map_err(|e| e.to_string())
+        .and_then(|()| ctx.decode(&mut batch).map_err(|e| e.to_string()));
+    if let Err(e) = decoded {
+        tracing::debug!(role, "warm-up decode skipped: {e}");
+    }
+    ctx.clear_kv_cache();
+}
+
 fn run(
     cfg: RoleParams,
     model: Arc<SharedModel>,
@@ -166,7 +184,8 @@ fn run(
         })
     };
     let mut ctx = match ctx {
-        Ok(ctx) => {
+        Ok(mut ctx) => {
+            warm_up(&mut ctx, &cfg.role);
             let _ = ready.send(Ok(()));
             ctx
         }
