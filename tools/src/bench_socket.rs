@@ -141,12 +141,14 @@ async fn main() -> Result<()> {
 
     // Our daemon, from the same config, on a private socket.
     let dir = tempfile::tempdir()?;
-    let socket = dir.path().join("engine.sock");
+    // In a directory the daemon creates (0700): it refuses one other users can enter, and a
+    // temporary directory is 0755.
+    let socket = dir.path().join("run").join("engine.sock");
     let _daemon = Kill(
         Command::new(&args.kazeia)
             .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
             .spawn()
             .context("start kazeia serve")?,
     );
@@ -177,7 +179,8 @@ async fn main() -> Result<()> {
             }
         }
         if t.elapsed() > Duration::from_secs(60) {
-            bail!("kazeia serve did not become ready");
+            let log = std::fs::read_to_string(dir.path().join("kazeia.log")).unwrap_or_default();
+            bail!("kazeia serve did not become ready; its log:\n{log}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };

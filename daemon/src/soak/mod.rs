@@ -13,7 +13,7 @@ mod workload;
 
 pub use plot::plot;
 pub use report::{judge, mib, write_csv, Levels, Verdict};
-pub use sample::{sample, Sample};
+pub use sample::{sample, Sample, POOL_THREAD};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -255,6 +255,35 @@ async fn status_answers_while_speech_loads_and_transcribes() {
     assert!(times[times.len() / 2] < Duration::from_millis(100), "{times:?}");
 }
 
+/// Audio that arrives more than the ring holds (20 s) ahead of the speech thread: here 30 s
+/// sent at once while the first audio turn still loads the speech models. One `busy` with
+/// `final: false` says samples were dropped; the turn goes on with what the ring kept and ends
+/// with its transcript and `done`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ring_overrun_is_reported_once_and_the_turn_ends_cleanly() {
+    let d = Daemon::start(&config_text());
+    let c = d.client().await;
+    let mut clip = spoken(REPORT);
+    clip.resize(16_000 * 3, 0.0);
+    let thirty: Vec<f32> = clip.iter().copied().cycle().take(16_000 * 30).collect();
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &thirty, true).await;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(common::HANG, rx.recv()).await.expect("the turn goes on").expect("open") {
+            Incoming::Event(Event::Error { code, is_final: false, .. }) => seen.push(format!("{code:?}")),
+            Incoming::Event(Event::Transcript { .. }) => seen.push("transcript".into()),
+            Incoming::Event(Event::Done { stop, .. }) => {
+                seen.push(format!("done {stop:?}"));
+                break;
+            }
+            other => panic!("{other:?} after {seen:?}\n{}", d.log()),
+        }
+    }
+    assert_eq!(seen, ["Busy", "transcript", "done Eos"], "{}", d.log());
+    assert_eq!(c.status().await.unwrap().turns_running, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn barge_in_stops_the_reply() {
     let d = Daemon::start(&config_text());
