@@ -88,11 +88,41 @@ fn environment() -> Result<&'static ort::environment::Environment, SpeechError> 
     }
 }
 
+/// The name ONNX Runtime's own threads carry (Linux threads inherit their creator's name).
+pub const ORT_THREAD: &str = "ort-speech";
+
+/// While it lives, the calling thread is named [`ORT_THREAD`]; its old name comes back after.
+/// ONNX Runtime starts a session's intra-op threads while the session is created, from the
+/// caller's thread: a caller in tokio's blocking pool made them "tokio-blocking", which a soak
+/// leaves out of its thread count as an elastic pool. Named here, they count.
+struct NamedForOrt([u8; 16]);
+
+impl NamedForOrt {
+    fn enter() -> NamedForOrt {
+        let mut old = [0u8; 16];
+        // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) into `old`; PR_SET_NAME
+        // reads a NUL-terminated string of at most 16 bytes.
+        unsafe {
+            libc::prctl(libc::PR_GET_NAME, old.as_mut_ptr());
+            libc::prctl(libc::PR_SET_NAME, c"ort-speech".as_ptr());
+        }
+        NamedForOrt(old)
+    }
+}
+
+impl Drop for NamedForOrt {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` holds the NUL-terminated name PR_GET_NAME gave.
+        unsafe { libc::prctl(libc::PR_SET_NAME, self.0.as_ptr()) };
+    }
+}
+
 /// Open `path` with `threads` intra-op threads on the execution provider `backend` asks for.
 pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session, Placement), SpeechError> {
     if !path.is_file() {
         return Err(SpeechError::Missing(path.into()));
     }
+    let _named = NamedForOrt::enter();
     let env = environment()?;
     let bad = |e: String| SpeechError::BadModel { path: path.into(), message: e };
     // Session-builder errors carry the builder and are not Send + Sync: keep only the message.

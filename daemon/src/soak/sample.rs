@@ -46,7 +46,7 @@ pub const POOL_THREAD: &str = "tokio-blocking";
 /// blocking jobs overlap (a reload and a voice turn's speech admission) and lets it go after
 /// 10 s idle, bounded; counted, it read as "threads grew 8 -> 9" in a 100-turn soak whose
 /// second pool thread first came 20 s in. Every other thread (workers, roles, their CPU thread
-/// teams, ONNX Runtime's) counts.
+/// teams, ONNX Runtime's, named `ort-speech` though a pool thread starts them) counts.
 fn count_threads(task: &Path) -> std::io::Result<u64> {
     let mut n = 0;
     for t in std::fs::read_dir(task)? {
