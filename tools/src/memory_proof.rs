@@ -65,7 +65,9 @@ async fn main() -> Result<()> {
     let engine = Engine::new();
     let base = status_bytes("VmRSS");
     println!("{:<8} {:>12} {:>14} {:>8}", "role", "plan MiB", "measured MiB", "ratio");
-    let (mut planned_total, mut measured_total, mut whole_peak) = (0u64, 0u64, 0u64);
+    // (planned, measured) over the rows so far.
+    let mut totals = (0u64, 0u64);
+    let mut whole_peak = 0u64;
     // The language models first, then the speech rows (ONNX: `stt`, `tts`).
     for m in plan.models.iter().filter(|m| config.model(&m.role).is_ok()) {
         let mut cfg = config.model(&m.role).map_err(|e| anyhow!("{e}"))?.clone();
@@ -103,15 +105,7 @@ async fn main() -> Result<()> {
             summary.metrics.generated_tokens,
             mib(status_bytes("VmRSS"))
         );
-        println!(
-            "{:<8} {:>12.1} {:>14.1} {:>8.3}",
-            m.role,
-            mib(m.total_bytes),
-            mib(measured),
-            m.total_bytes as f64 / measured as f64
-        );
-        planned_total += m.total_bytes;
-        measured_total += measured;
+        row(&mut totals, m, measured);
     }
     for m in plan.models.iter().filter(|m| config.model(&m.role).is_err()) {
         // This row's own peak: the high-water mark restarts at the current RSS ("5" to
@@ -122,27 +116,32 @@ async fn main() -> Result<()> {
         let what = speech_row(&config, &m.role, &m.file)?;
         let measured = status_bytes("VmHWM").saturating_sub(before);
         eprintln!("{}: {what}; RSS now {:.0} MiB", m.role, mib(status_bytes("VmRSS")));
-        println!(
-            "{:<8} {:>12.1} {:>14.1} {:>8.3}",
-            m.role,
-            mib(m.total_bytes),
-            mib(measured),
-            m.total_bytes as f64 / measured as f64
-        );
-        planned_total += m.total_bytes;
-        measured_total += measured;
+        row(&mut totals, m, measured);
     }
     let peak = whole_peak.max(status_bytes("VmHWM")).saturating_sub(base);
     println!(
         "{:<8} {:>12.1} {:>14.1} {:>8.3}   (peak of the whole run: {:.1} MiB)",
         "total",
-        mib(planned_total),
-        mib(measured_total),
-        planned_total as f64 / measured_total as f64,
+        mib(totals.0),
+        mib(totals.1),
+        totals.0 as f64 / totals.1 as f64,
         mib(peak)
     );
-    println!("plan/measured={:.3}", planned_total as f64 / peak as f64);
+    println!("plan/measured={:.3}", totals.0 as f64 / peak as f64);
     Ok(())
+}
+
+/// One row of the table (planned, measured, their ratio), added to `totals`.
+fn row(totals: &mut (u64, u64), m: &kazeia_daemon::plan::ModelPlan, measured: u64) {
+    println!(
+        "{:<8} {:>12.1} {:>14.1} {:>8.3}",
+        m.role,
+        mib(m.total_bytes),
+        mib(measured),
+        m.total_bytes as f64 / measured as f64
+    );
+    totals.0 += m.total_bytes;
+    totals.1 += measured;
 }
 
 /// Load a speech row of the plan and run it once, as the daemon would; the models stay loaded

@@ -6,14 +6,8 @@
 
 use crate::common;
 
-use common::{settled, smollm2, Daemon};
+use common::{gemma3, settled, smollm2, Daemon};
 use kazeia_ipc::{AudioFrame, AudioSpec, ErrorCode, Event, Frame, Incoming, ModelState, Request, TurnOptions};
-
-fn gemma() -> std::path::PathBuf {
-    let p = smollm2().parent().unwrap().parent().unwrap().join("gemma3/gemma-3-270m-q4_k_m.gguf");
-    assert!(p.is_file(), "{} missing: run tools/fetch-models", p.display());
-    p
-}
 
 /// Thinker (SmolLM2) and Guard (Gemma 3 270M): two files, so two reservations of weights.
 fn models() -> String {
@@ -22,7 +16,7 @@ fn models() -> String {
          [[model]]\nrole = \"guard\"\nfile = \"{}\"\nn_ctx = 2048\nthreads = 2\nbackend = \"cpu\"\npriority = 90\n\n\
          [speech]\nlanguage = \"en\"\n",
         smollm2().display(),
-        gemma().display()
+        gemma3().display()
     )
 }
 

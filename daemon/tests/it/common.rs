@@ -11,10 +11,19 @@ use kazeia_ipc::{Client, Event, Incoming};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 pub fn smollm2() -> PathBuf {
+    model_file("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub fn gemma3() -> PathBuf {
+    model_file("gemma3/gemma-3-270m-q4_k_m.gguf")
+}
+
+/// A file of the model cache (`KAZEIA_MODELS`, else ~/.cache/kazeia/models), which must exist.
+fn model_file(rel: &str) -> PathBuf {
     let dir = std::env::var_os("KAZEIA_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| dirs_cache().join("kazeia").join("models"));
-    let p = dir.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = dir.join(rel);
     assert!(p.is_file(), "{} missing: run tools/fetch-models", p.display());
     p
 }

@@ -459,10 +459,14 @@ public final class Client implements AutoCloseable {
     }
 
     private void orphan(Event ev) {
-        Consumer<Event> l = options.onEvent();
-        if (l != null) {
+        tell(options.onEvent(), ev);
+    }
+
+    /** Hand {@code value} to a listener the application may not have set; what it throws is reported. */
+    private static <T> void tell(Consumer<T> listener, T value) {
+        if (listener != null) {
             try {
-                l.accept(ev);
+                listener.accept(value);
             } catch (RuntimeException e) {
                 report(e);
             }
@@ -490,14 +494,7 @@ public final class Client implements AutoCloseable {
         }
         transport.close();
         handshake.completeExceptionally(reason);
-        Consumer<KazeiaException> l = options.onClosed();
-        if (l != null) {
-            try {
-                l.accept(reason);
-            } catch (RuntimeException ex) {
-                report(ex);
-            }
-        }
+        tell(options.onClosed(), reason);
         for (Map.Entry<String, Route> e : routes.entrySet()) {
             if (routes.remove(e.getKey(), e.getValue())) {
                 try {
