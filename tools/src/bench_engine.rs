@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use kazeia_daemon::config::Config;
+use kazeia_daemon::config::{Config, ModelConfig};
 use kazeia_engine::Engine;
 use kazeia_pipelines::{ChatMessage, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm};
 use kazeia_tools::median;
@@ -52,30 +52,33 @@ fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> R
     }
 }
 
+/// llama-bench's command line for our role's settings: the same threads, batch sizes, flash
+/// attention policy and load mode (mmap or a plain read), CPU only.
+fn llama_bench_args(model: &Path, cfg: &ModelConfig, pp: u32, tg: u32) -> Vec<String> {
+    let fa = serde_json::to_value(cfg.flash_attn).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let load = if cfg.mmap { "mmap" } else { "none" };
+    let mut a: Vec<String> = vec!["-m".into(), model.display().to_string()];
+    for (k, v) in [
+        ("-t", cfg.threads.to_string()),
+        ("-p", pp.to_string()),
+        ("-n", tg.to_string()),
+        ("-b", cfg.n_batch.to_string()),
+        ("-ub", cfg.n_ubatch.to_string()),
+        ("-fa", fa),
+        ("-lm", load.to_string()),
+        ("-ngl", "0".into()),
+        ("-r", "1".into()),
+        ("-o", "json".into()),
+    ] {
+        a.push(k.into());
+        a.push(v);
+    }
+    a
+}
+
 /// One llama-bench run: (prefill tok/s, decode tok/s).
-fn llama_bench(
-    bin: &Path,
-    model: &Path,
-    threads: u32,
-    n_batch: u32,
-    n_ubatch: u32,
-    pp: u32,
-    tg: u32,
-) -> Result<(f64, f64)> {
-    let out = Command::new(bin)
-        .args([
-            "-m",
-            &model.display().to_string(),
-            "-t",
-            &threads.to_string(),
-            "-p",
-            &pp.to_string(),
-            "-n",
-            &tg.to_string(),
-        ])
-        .args(["-b", &n_batch.to_string(), "-ub", &n_ubatch.to_string(), "-r", "1", "-o", "json", "-ngl", "0"])
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
+fn llama_bench(bin: &Path, args: &[String], pp: u32, tg: u32) -> Result<(f64, f64)> {
+    let out = Command::new(bin).args(args).output().with_context(|| format!("running {}", bin.display()))?;
     if !out.status.success() {
         bail!("llama-bench failed: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -99,7 +102,10 @@ fn main() -> Result<()> {
         (args.reps, args.pp, args.tg) = (1, 64, 8);
     }
     let config = Config::load(&args.config)?;
-    let cfg = config.model(&args.role)?.clone();
+    let mut cfg = config.model(&args.role)?.clone();
+    // llama-bench decodes without sampling: ours samples greedily with no penalty, the least a
+    // generated token costs.
+    cfg.sampling.repeat_penalty = 1.0;
     let path = config.model_path(&cfg);
     let engine = Engine::new().with_exclusive_compute(config.daemon.exclusive_compute);
     engine.load(&cfg.role_params(), path.clone(), Box::new(|_| {}))?;
@@ -135,8 +141,18 @@ fn main() -> Result<()> {
     let prefill_tokens = warm.prompt_tokens - warm.cached_tokens;
     generate(&engine, &args.role, "Hi", GenerateOptions { max_tokens: Some(8), ..decode_opts.clone() })?;
 
-    println!("model: {} ({} threads, n_batch {}, n_ubatch {})", path.display(), cfg.threads, cfg.n_batch, cfg.n_ubatch);
+    let ref_args = llama_bench_args(&path, &cfg, prefill_tokens, args.tg);
+    println!(
+        "model: {} ({} threads, n_batch {}, n_ubatch {}, flash_attn {:?}, mmap {}); greedy, no penalty",
+        path.display(),
+        cfg.threads,
+        cfg.n_batch,
+        cfg.n_ubatch,
+        cfg.flash_attn,
+        cfg.mmap
+    );
     println!("reference: {} {}", args.llama_bench.display(), args.reference);
+    println!("reference command: llama-bench {}", ref_args.join(" "));
     println!(
         "{:>4} {:>12} {:>12} {:>12} {:>12} {:>10}",
         "rep", "ours pp t/s", "ref pp t/s", "ours tg t/s", "ref tg t/s", "ours ttft"
@@ -156,8 +172,7 @@ fn main() -> Result<()> {
         if rep % 2 == 0 {
             ours(&mut opp, &mut otg, &mut ttft)?;
         }
-        let (p, t) =
-            llama_bench(&args.llama_bench, &path, cfg.threads, cfg.n_batch, cfg.n_ubatch, prefill_tokens, args.tg)?;
+        let (p, t) = llama_bench(&args.llama_bench, &ref_args, prefill_tokens, args.tg)?;
         rpp.push(p);
         rtg.push(t);
         if rep % 2 == 1 {

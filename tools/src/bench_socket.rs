@@ -1,15 +1,17 @@
 //! bench-socket: time to first token and decode speed, seen by a client, through our daemon's
 //! socket against llama.cpp's `llama-server` over HTTP with streaming. Same model, same prompt,
-//! same threads, context and batch sizes; greedy. Each request starts with a new request
-//! number, so neither side can reuse the previous prompt beyond the chat template's fixed
-//! opening (both reuse that: llama-server's `cache_prompt`, our context's prefix cache).
+//! same threads, context and batch sizes, flash attention and load mode (printed); greedy with
+//! no repeat penalty on both sides (our daemon runs a copy of the config with the penalty off).
+//! Each request starts with a new request number, so neither side can reuse the previous prompt
+//! beyond the chat template's fixed opening (both reuse that: llama-server's `cache_prompt`, our
+//! context's prefix cache). Both are warmed by one request.
 //! Alternated, medians.
 //!
 //! Run it through `tools/bench-socket`, which builds llama-server from the same llama.cpp tree.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -93,7 +95,7 @@ async fn ours(client: &Client, n: usize, max_tokens: u32) -> Result<Seen> {
 fn theirs(port: u16, n: usize, max_tokens: u32) -> Result<Seen> {
     let body = serde_json::json!({
         "messages": [{"role": "user", "content": prompt(n)}],
-        "stream": true, "temperature": 0.0, "seed": 1, "max_tokens": max_tokens,
+        "stream": true, "temperature": 0.0, "repeat_penalty": 1.0, "seed": 1, "max_tokens": max_tokens,
         "cache_prompt": true,
     });
     let start = Instant::now();
@@ -115,6 +117,24 @@ fn theirs(port: u16, n: usize, max_tokens: u32) -> Result<Seen> {
         }
     }
     seen(start, &stamps)
+}
+
+/// The config file with `role`'s repeat penalty set to 1.0 (none), as llama-server samples.
+fn without_penalty(config: &Path, role: &str) -> Result<String> {
+    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let mut doc: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", config.display()))?;
+    let models = doc.get_mut("model").and_then(|m| m.as_array_mut()).context("no [[model]] in the config")?;
+    let m = models
+        .iter_mut()
+        .filter_map(|m| m.as_table_mut())
+        .find(|m| m.get("role").and_then(|r| r.as_str()) == Some(role))
+        .with_context(|| format!("no model with role {role:?}"))?;
+    let sampling = m.entry("sampling").or_insert_with(|| toml::Value::Table(Default::default()));
+    sampling
+        .as_table_mut()
+        .context("`sampling` is not a table")?
+        .insert("repeat_penalty".into(), toml::Value::Float(1.0));
+    Ok(toml::to_string(&doc)?)
 }
 
 fn free_port() -> u16 {
@@ -139,14 +159,17 @@ async fn main() -> Result<()> {
     let m = config.model(&args.role)?.clone();
     let model = config.model_path(&m);
 
-    // Our daemon, from the same config, on a private socket.
+    // Our daemon, from the same config with the role sampling as llama-server does by default
+    // (no repeat penalty; greedy by the request), on a private socket.
     let dir = tempfile::tempdir()?;
+    let bench_config = dir.path().join("bench.toml");
+    std::fs::write(&bench_config, without_penalty(&args.config, &args.role)?)?;
     // In a directory the daemon creates (0700): it refuses one other users can enter, and a
     // temporary directory is 0755.
     let socket = dir.path().join("run").join("engine.sock");
     let _daemon = Kill(
         Command::new(&args.kazeia)
-            .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
+            .args(["serve", "--config", &bench_config.display().to_string(), "--socket", &socket.display().to_string()])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
             .spawn()
@@ -154,12 +177,39 @@ async fn main() -> Result<()> {
     );
     // llama-server with the same model and settings, on a loopback port.
     let port = free_port();
+    let fa = serde_json::to_value(m.flash_attn)?.as_str().unwrap_or_default().to_string();
+    let server_args: Vec<String> = [
+        "-m",
+        &model.display().to_string(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "-t",
+        &m.threads.to_string(),
+        "-tb",
+        &m.threads.to_string(),
+        "-c",
+        &m.n_ctx.to_string(),
+        "-b",
+        &m.n_batch.to_string(),
+        "-ub",
+        &m.n_ubatch.to_string(),
+        "-fa",
+        &fa,
+        "--load-mode",
+        if m.mmap { "mmap" } else { "none" },
+        "-np",
+        "1",
+        "-ngl",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let _server = Kill(
         Command::new(&args.llama_server)
-            .args(["-m", &model.display().to_string(), "--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["-t", &m.threads.to_string(), "-tb", &m.threads.to_string(), "-c", &m.n_ctx.to_string()])
-            .args(["-b", &m.n_batch.to_string(), "-ub", &m.n_ubatch.to_string(), "-np", "1", "-ngl", "0"])
-            .args(["--load-mode", "none"])
+            .args(&server_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -199,15 +249,18 @@ async fn main() -> Result<()> {
     tokio::task::block_in_place(|| theirs(port, 1001, 8))?;
 
     println!(
-        "model: {} ({} threads, n_ctx {}, n_batch {}, n_ubatch {}), greedy, {} tokens max",
+        "model: {} ({} threads, n_ctx {}, n_batch {}, n_ubatch {}, flash_attn {:?}, mmap {}), greedy, no repeat penalty on either side, {} tokens max",
         model.display(),
         m.threads,
         m.n_ctx,
         m.n_batch,
         m.n_ubatch,
+        m.flash_attn,
+        m.mmap,
         args.max_tokens
     );
     println!("reference: {} {}", args.llama_server.display(), args.reference);
+    println!("reference command: llama-server {}", server_args.join(" "));
     println!(
         "{:>4} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8}",
         "rep", "ours ttft", "ref ttft", "ours tok/s", "ref tok/s", "ours n", "ref n"

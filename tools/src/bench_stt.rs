@@ -1,10 +1,14 @@
 //! Speech-to-text speed: our Whisper (ONNX Runtime, our log-mel and decoder) against
 //! faster-whisper (CTranslate2) on the same Whisper-base weights, fp32, greedy, 2 threads, on
-//! the same clips (the Piper voice: ~5 s and ~20 s). Runs alternate between the two sides;
-//! model loading is excluded on both. Last line: `stt rtf=<x> reference_rtf=<y> ratio=<x/y>`.
+//! the same clips (the Piper voice: ~5 s and ~20 s). Each side runs in one process that loads
+//! its model once (the reference: `tools/reference-stt --serve`), is warmed by one untimed run of
+//! the clip, then the two alternate, each going first every other rep; medians. Model loading is
+//! excluded on both. Last line: `stt rtf=<x> reference_rtf=<y> ratio=<x/y>`.
+//! Before (our side warmed and first, the reference cold in a new process each rep): 0.609.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
@@ -37,6 +41,53 @@ const SENTENCES: &[&str] = &[
     "Turn left at the second light and park behind the bakery.",
 ];
 
+/// faster-whisper in one long-lived process: the model loads once, like ours.
+struct Reference {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Reference {
+    fn start(threads: usize) -> Result<Reference> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference-stt");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args(["--serve", "--threads", &threads.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("python3 tools/reference-stt --serve")?;
+        let stdin = child.stdin.take().context("no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        let mut r = Reference { child, stdin, stdout };
+        let ready = r.line()?;
+        anyhow::ensure!(ready["ready"] == true, "reference-stt --serve said {ready}");
+        Ok(r)
+    }
+
+    fn line(&mut self) -> Result<serde_json::Value> {
+        let mut l = String::new();
+        anyhow::ensure!(self.stdout.read_line(&mut l)? > 0, "reference-stt --serve exited");
+        Ok(serde_json::from_str(&l)?)
+    }
+
+    /// One transcription: (seconds, text), timed inside the reference's process.
+    fn transcribe(&mut self, path: &Path) -> Result<(f64, String)> {
+        writeln!(self.stdin, "{}", serde_json::json!({"file": path, "language": "en"}))?;
+        self.stdin.flush()?;
+        let v = self.line()?;
+        Ok((v["seconds"].as_f64().context("no seconds")?, v["text"].as_str().unwrap_or_default().to_string()))
+    }
+}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if args.smoke {
@@ -63,7 +114,7 @@ fn main() -> Result<()> {
         vec![clip(&SENTENCES[..2], "short.wav")?, clip(SENTENCES, "long.wav")?]
     };
     let mut stt = kazeia_daemon::speech::transcriber(&config).map_err(|e| anyhow!("{e}"))?;
-    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference-stt");
+    let mut reference = Reference::start(args.threads)?;
     println!(
         "{:<6} {:>7} {:>10} {:>10} {:>8}  transcripts (ours | reference)",
         "clip", "audio s", "ours rtf", "ref rtf", "ratio"
@@ -73,23 +124,26 @@ fn main() -> Result<()> {
         let secs = samples.len() as f64 / 16_000.0;
         let (mut ours, mut refs) = (Vec::new(), Vec::new());
         let (mut ours_text, mut ref_text) = (String::new(), String::new());
-        // Warm-up of our side (the reference warms up inside its own process).
-        stt.transcribe(samples, Some("en"), &|| false).map_err(|e| anyhow!("{e}"))?;
-        for _ in 0..args.reps {
+        let mut ours_once = || -> Result<(f64, String)> {
             let t = Instant::now();
             let samples = audio::read_wav(path).map_err(|e| anyhow!("{e}"))?;
-            ours_text = stt.transcribe(&samples, Some("en"), &|| false).map_err(|e| anyhow!("{e}"))?.text;
-            ours.push(t.elapsed().as_secs_f64());
-            let out = Command::new("python3")
-                .arg(&reference)
-                .args(["--language", "en", "--repeat", "2", "--threads", &args.threads.to_string()])
-                .arg(path)
-                .output()
-                .context("python3 tools/reference-stt")?;
-            anyhow::ensure!(out.status.success(), "reference-stt: {}", String::from_utf8_lossy(&out.stderr));
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-            refs.push(v["seconds"].as_f64().unwrap_or(f64::NAN));
-            ref_text = v["text"].as_str().unwrap_or_default().to_string();
+            let text = stt.transcribe(&samples, Some("en"), &|| false).map_err(|e| anyhow!("{e}"))?.text;
+            Ok((t.elapsed().as_secs_f64(), text))
+        };
+        // Both warmed alike: one untimed run of this clip each.
+        ours_once()?;
+        reference.transcribe(path)?;
+        for rep in 0..args.reps {
+            let (o, r) = if rep % 2 == 0 {
+                let o = ours_once()?;
+                (o, reference.transcribe(path)?)
+            } else {
+                let r = reference.transcribe(path)?;
+                (ours_once()?, r)
+            };
+            (ours_text, ref_text) = (o.1, r.1);
+            ours.push(o.0);
+            refs.push(r.0);
         }
         let (o, r) = (median(ours), median(refs));
         println!(

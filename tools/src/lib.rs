@@ -1,5 +1,7 @@
 //! Shared helpers of the benchmarks.
 
+pub mod questions;
+
 /// The median of a sample (the mean of the two middle values for an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
     assert!(!v.is_empty(), "median of nothing");
