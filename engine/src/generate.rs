@@ -29,6 +29,7 @@ use llama_cpp_2::{LlamaStateSeqFlags, SeqState};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::compute::Compute;
 use crate::error::GenerateError;
 use crate::job::{ClassifyJob, Job};
 use crate::model::SharedModel;
@@ -103,50 +104,6 @@ struct Run<'a, 'c> {
     model: &'a SharedModel,
     cfg: &'a RoleParams,
     compute: &'a Compute,
-}
-
-/// Who may run a decode. With `exclusive`, roles take turns one decode call (a prefill chunk or
-/// a token) at a time, fairly: on a machine with fewer cores than the roles' threads together,
-/// two OpenMP teams spinning at once slow both far more than alternating does. The turn is taken
-/// process-wide, since the cores are. Without it the roles decode in parallel (more cores, or an
-/// NPU for one of them).
-pub struct Compute {
-    pub exclusive: bool,
-}
-
-/// One decode at a time in this process, handed over in arrival order.
-static DECODE_TURN: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
-/// Requests running right now, all roles together: alone, a request needs no turn-taking.
-static RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Counts a running request while it lives.
-pub struct Running;
-
-impl Running {
-    pub fn start() -> Running {
-        RUNNING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Running
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Compute {
-    pub fn new(exclusive: bool) -> Compute {
-        Compute { exclusive }
-    }
-
-    fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch) -> Result<(), llama_cpp_2::DecodeError> {
-        // Take turns only when another request is running (a lone request keeps the lock off
-        // its hot path; a request that starts meanwhile waits at most one decode call).
-        let contended = self.exclusive && RUNNING.load(std::sync::atomic::Ordering::SeqCst) > 1;
-        let _turn = contended.then(|| DECODE_TURN.lock());
-        ctx.decode(batch)
-    }
 }
 
 impl Run<'_, '_> {

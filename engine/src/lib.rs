@@ -7,6 +7,7 @@
 
 pub mod api;
 mod backend;
+mod compute;
 mod error;
 mod generate;
 mod job;
@@ -79,7 +80,7 @@ struct Inner {
 pub struct Engine {
     inner: Arc<Inner>,
     queue_capacity: Option<usize>,
-    compute: Arc<generate::Compute>,
+    compute: Arc<compute::Compute>,
 }
 
 impl Default for Engine {
@@ -91,12 +92,12 @@ impl Default for Engine {
 impl Engine {
     /// An engine whose roles take turns decoding (see [`Engine::with_exclusive_compute`]).
     pub fn new() -> Engine {
-        Engine { inner: Arc::default(), queue_capacity: None, compute: Arc::new(generate::Compute::new(true)) }
+        Engine { inner: Arc::default(), queue_capacity: None, compute: Arc::new(compute::Compute::new(true)) }
     }
 
     /// Whether roles decode one at a time (default) or in parallel. Set before loading roles.
     pub fn with_exclusive_compute(mut self, exclusive: bool) -> Engine {
-        self.compute = Arc::new(generate::Compute::new(exclusive));
+        self.compute = Arc::new(compute::Compute::new(exclusive));
         self
     }
 

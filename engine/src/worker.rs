@@ -43,7 +43,7 @@ impl Worker {
         cfg: RoleParams,
         model: Arc<SharedModel>,
         queue_capacity: usize,
-        compute: Arc<generate::Compute>,
+        compute: Arc<crate::compute::Compute>,
     ) -> Result<Worker, LoadError> {
         let (tx, rx) = mpsc::sync_channel::<Msg>(queue_capacity);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LoadError>>();
@@ -128,16 +128,17 @@ impl Drop for Worker {
 
 /// One decode of one token, then an empty context, before the role says it is ready (as
 /// llama.cpp's own tools warm a context up). The first decode starts the CPU backend's thread
-/// team (OpenMP: `threads - 1` more threads, alive from then on) and touches the compute
-/// buffers: done here, the role's thread count and memory are what they will be while it
-/// serves, from its load on (a soak's thread count breathed 7-8 with each reload, until the
-/// reloaded role's first request), and the first turn does not pay for it.
-fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, role: &str) {
+/// team (OpenMP: `threads - 1` more threads, alive from then on; with exclusive compute the
+/// compute thread's one team, shared by every role) and touches the compute buffers: done here,
+/// the role's thread count and memory are what they will be while it serves, from its load on
+/// (a soak's thread count breathed 7-8 with each reload, until the reloaded role's first
+/// request), and the first turn does not pay for it.
+fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, role: &str, compute: &crate::compute::Compute) {
     let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(1, 1);
     let decoded = batch
         .add(llama_cpp_2::token::LlamaToken::new(0), 0, &[0], true)
         .map_err(|e| e.to_string())
-        .and_then(|()| ctx.decode(&mut batch).map_err(|e| e.to_string()));
+        .and_then(|()| compute.decode(ctx, &mut batch).map_err(|e| e.to_string()));
     if let Err(e) = decoded {
         tracing::debug!(role, "warm-up decode skipped: {e}");
     }
@@ -150,7 +151,7 @@ fn run(
     rx: Receiver<Msg>,
     ready: mpsc::Sender<Result<(), LoadError>>,
     counters: Counters,
-    compute: Arc<generate::Compute>,
+    compute: Arc<crate::compute::Compute>,
 ) {
     let ctx = {
         let _guard = CONTEXT_CREATION.lock().unwrap_or_else(|p| p.into_inner());
@@ -185,7 +186,7 @@ fn run(
     };
     let mut ctx = match ctx {
         Ok(mut ctx) => {
-            warm_up(&mut ctx, &cfg.role);
+            warm_up(&mut ctx, &cfg.role, &compute);
             let _ = ready.send(Ok(()));
             ctx
         }
@@ -203,7 +204,6 @@ fn run(
     // is unknown. Without this a panic ended the thread and left a zombie role: loaded in status,
     // `no_model` for every request, never unloaded by keep-alive.
     while let Ok(msg) = rx.recv() {
-        let _running = generate::Running::start();
         let failed = counters.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(why) = failed {
             let e =

@@ -1,0 +1,109 @@
+//! Who runs a decode. With `exclusive` (the default where the roles' threads outnumber the
+//! cores), every decode of every role runs on one process-wide thread, `llm-compute`, one call
+//! at a time in arrival order; the role's worker hands it its context and batch and waits.
+//!
+//! Why one thread and not a lock: llama.cpp's CPU backend runs a graph on an OpenMP team that
+//! belongs to the calling thread, and libgomp stops spin-waiting at its barriers (100 spins,
+//! then a futex sleep) as soon as the process holds more OpenMP threads than there are CPUs.
+//! Two roles, each decoding on its own thread with a 2-thread team, made 4 > 2 cores: every op's
+//! barrier slept, ~140 voluntary context switches per token, and the Thinker decoded at 58-68
+//! tok/s in the daemon against 97-101 in a process with one role (SmolLM2-135M, 2 threads). One
+//! calling thread means one team, which keeps spinning between ops and between tokens. The
+//! hand-off costs two wake-ups per decode call (tens of µs against ~10 ms a token).
+//!
+//! Without `exclusive` (more cores, or the NPU for one role) each role decodes on its own
+//! thread, in parallel.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::OnceLock;
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::DecodeError;
+
+pub struct Compute {
+    pub exclusive: bool,
+}
+
+/// A decode handed to the compute thread: the caller's context and batch, which the caller
+/// keeps borrowed (blocked on `done`) until the reply has come.
+struct Call {
+    ctx: *mut LlamaContext<'static>,
+    batch: *mut LlamaBatch<'static>,
+    done: SyncSender<Result<(), Failed>>,
+}
+
+// SAFETY: the pointers come from `&mut` borrows whose owner waits, blocked, until the compute
+// thread has replied; nothing else touches the context or batch meanwhile. llama.cpp's contexts
+// are not tied to the thread that created them.
+unsafe impl Send for Call {}
+
+/// Why a handed-over decode did not succeed.
+enum Failed {
+    Decode(DecodeError),
+    Panicked,
+}
+
+fn compute_thread() -> &'static SyncSender<Call> {
+    static THREAD: OnceLock<SyncSender<Call>> = OnceLock::new();
+    THREAD.get_or_init(|| {
+        // Callers block until their call is served, so one slot per waiting role is plenty.
+        let (tx, rx) = sync_channel::<Call>(8);
+        std::thread::Builder::new()
+            .name("llm-compute".into())
+            .spawn(move || serve(rx))
+            .expect("spawn the llm-compute thread");
+        tx
+    })
+}
+
+fn serve(rx: Receiver<Call>) {
+    for call in rx {
+        // SAFETY: see `Call`; the caller is blocked on `done` until we reply below.
+        let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*call.ctx).decode(&mut *call.batch) }));
+        let _ = call.done.send(match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Failed::Decode(e)),
+            Err(_) => Err(Failed::Panicked),
+        });
+    }
+}
+
+/// A decode that failed, as the callers report it.
+#[derive(Debug)]
+pub struct ComputeError(pub String);
+
+impl std::fmt::Display for ComputeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Compute {
+    pub fn new(exclusive: bool) -> Compute {
+        Compute { exclusive }
+    }
+
+    /// Decode `batch` in `ctx`: on the compute thread with `exclusive`, else right here.
+    pub fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch<'_>) -> Result<(), ComputeError> {
+        if !self.exclusive {
+            return ctx.decode(batch).map_err(|e| ComputeError(e.to_string()));
+        }
+        let (done, reply) = sync_channel(1);
+        let call = Call {
+            ctx: (ctx as *mut LlamaContext<'_>).cast::<LlamaContext<'static>>(),
+            batch: (batch as *mut LlamaBatch<'_>).cast::<LlamaBatch<'static>>(),
+            done,
+        };
+        compute_thread().send(call).map_err(|_| ComputeError("the compute thread is gone".into()))?;
+        // The borrow of `ctx` and `batch` lasts until this returns: the compute thread always
+        // replies (a panic in llama.cpp's Rust wrapper is caught and reported).
+        match reply.recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(Failed::Decode(e))) => Err(ComputeError(e.to_string())),
+            Ok(Err(Failed::Panicked)) => Err(ComputeError("the decode panicked".into())),
+            Err(_) => Err(ComputeError("the compute thread is gone".into())),
+        }
+    }
+}
