@@ -56,6 +56,9 @@ struct Seen {
     ttfs_ms: f64,
     /// The pipeline's own ttfs (guarded pipelines), measured from the turn's start.
     engine_ttfs_ms: Option<f64>,
+    /// The input check's time and the first output check's (guarded pipelines).
+    input_check_ms: Option<f64>,
+    first_output_check_ms: Option<f64>,
     blocked: bool,
 }
 
@@ -72,8 +75,13 @@ async fn turn(engine: &Engine, config: &Config, pipeline: &Pipeline, prompt: &st
     let watch = async {
         let mut text = String::new();
         let mut first = None;
+        let (mut input_check_ms, mut first_output_check_ms) = (None, None);
         while let Some(ev) = rx.recv().await {
             match ev {
+                Event::Verdict { stage, ms, .. } if stage == "input" => input_check_ms = Some(ms),
+                Event::Verdict { stage, ms, .. } if stage == "output" => {
+                    first_output_check_ms.get_or_insert(ms);
+                }
                 Event::Sentence { .. } => {
                     first.get_or_insert(t0.elapsed());
                 }
@@ -88,6 +96,8 @@ async fn turn(engine: &Engine, config: &Config, pipeline: &Pipeline, prompt: &st
                     return Ok(Seen {
                         ttfs_ms: at.as_secs_f64() * 1e3,
                         engine_ttfs_ms: metrics.ttfs_ms,
+                        input_check_ms,
+                        first_output_check_ms,
                         blocked: stop == StopReason::Blocked,
                     });
                 }
@@ -179,6 +189,7 @@ async fn main() -> Result<()> {
     );
     println!("{:>5} {:<10} {:>9}  question", "round", "variant", "ttfs ms");
     let mut times: [Vec<f64>; 3] = Default::default();
+    let mut checks: [(Vec<f64>, Vec<f64>); 3] = Default::default();
     let mut blocked = [0usize; 3];
     for round in 0..args.rounds {
         for k in 0..3 {
@@ -192,6 +203,8 @@ async fn main() -> Result<()> {
                 blocked[i] += 1;
             } else {
                 times[i].push(seen.ttfs_ms);
+                checks[i].0.extend(seen.input_check_ms);
+                checks[i].1.extend(seen.first_output_check_ms);
             }
         }
     }
@@ -199,6 +212,16 @@ async fn main() -> Result<()> {
         bail!("a variant has no unblocked turn (blocked: {blocked:?})");
     }
     let [u, s, o] = times.map(median);
+    // Where a guarded turn's extra time goes: the guard's two checks before the first sentence.
+    for (name, (input, output)) in [("sequential", &checks[1]), ("overlapped", &checks[2])] {
+        if !input.is_empty() && !output.is_empty() {
+            println!(
+                "{name}: median input check {:.0} ms, first output check {:.0} ms",
+                median(input.clone()),
+                median(output.clone())
+            );
+        }
+    }
 
     // Cold: a fresh process per question (its prefix files on disk from the warm-up run), then
     // the same question in this warm engine; both ttfs measured by the pipeline from the turn's

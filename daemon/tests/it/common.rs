@@ -138,6 +138,31 @@ pub fn collect_lines(pipe: impl std::io::Read + Send + 'static) -> Arc<Mutex<Str
     out
 }
 
+/// A child process killed and reaped when the test ends, passing or failing: a daemon a failed
+/// test left running kept the test binary's output pipes open, and whoever ran the suite waited
+/// for it forever (found by tools/break-tests).
+pub struct Reaped(pub Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Daemon {
     /// Stop this daemon and hand over its turn, to start another in the same test.
     pub fn take_serial(&mut self) -> std::sync::MutexGuard<'static, ()> {

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use common::{smollm2, Daemon};
+use common::{smollm2, Daemon, Reaped};
 use kazeia_ipc::{Event, Incoming, Request, StopReason, TurnOptions};
 
 const DEST: &str = "org.kazeia.Engine1";
@@ -58,16 +58,6 @@ fn tool(bus: &Bus, program: &str, args: &[&str]) -> String {
 
 fn property(bus: &Bus, name: &str) -> String {
     tool(bus, "busctl", &["get-property", DEST, PATH, DEST, name]).trim().to_string()
-}
-
-/// A child process killed when the test ends, even by a panic.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `dbus-monitor` on the daemon's object, its output collected, once it is listening. It

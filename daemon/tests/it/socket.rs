@@ -420,7 +420,7 @@ fn systemd_socket_activation() {
     ]);
     cmd.stderr(std::process::Stdio::piped());
     hand_over(&mut cmd, fd, 3);
-    let mut child = cmd.spawn().unwrap();
+    let mut child = common::Reaped(cmd.spawn().unwrap());
     let log = common::collect_lines(child.stderr.take().unwrap());
     drop(listener);
     serves_then_stops(child, &path);
@@ -450,7 +450,7 @@ fn hand_over(cmd: &mut std::process::Command, fd: i32, target: i32) {
 
 /// A daemon serving on a socket it was handed: it answers, exits 0 on SIGTERM, and leaves the
 /// socket to its owner (systemd, init).
-fn serves_then_stops(mut child: std::process::Child, path: &std::path::Path) {
+fn serves_then_stops(mut child: common::Reaped, path: &std::path::Path) {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     write_frame(&mut s, 1, br#"{"type":"hello","protocol":1}"#);
@@ -477,7 +477,7 @@ fn android_init_socket() {
         .env("ANDROID_SOCKET_kazeia", "9")
         .stderr(std::process::Stdio::null());
     hand_over(&mut cmd, fd, 9);
-    let child = cmd.spawn().unwrap();
+    let child = common::Reaped(cmd.spawn().unwrap());
     drop(listener);
     serves_then_stops(child, &path);
 }
@@ -682,7 +682,7 @@ async fn another_user_cannot_cancel_or_continue() {
         .env("ANDROID_SOCKET_kazeia", "9")
         .stderr(std::process::Stdio::piped());
     hand_over(&mut cmd, listener.as_raw_fd(), 9);
-    let mut child = cmd.spawn().unwrap();
+    let mut child = common::Reaped(cmd.spawn().unwrap());
     drop(listener);
     let log = common::collect_lines(child.stderr.take().unwrap());
     let _dump = DumpOnPanic(log);
