@@ -199,8 +199,10 @@ pub struct DaemonConfig {
     pub shutdown_grace: Duration,
     /// Load every configured LLM role when the daemon starts (else on first use).
     pub preload: bool,
-    /// Roles decode one at a time, alternating per prefill chunk or token (best when the roles'
-    /// threads together exceed the cores); false lets them run in parallel.
+    /// Every decode of every role runs on one compute thread, one call (a prefill chunk or a
+    /// token) at a time in arrival order: one OpenMP team, which keeps spinning at its barriers
+    /// (best when the roles' threads together exceed the cores); false lets the roles decode in
+    /// parallel, each on its own thread (a warning at start if their threads outnumber the cores).
     pub exclusive_compute: bool,
     /// Connections one uid may hold open at once (more: `too_many_connections`, closed).
     pub max_connections_per_uid: u32,

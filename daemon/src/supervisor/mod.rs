@@ -76,9 +76,25 @@ pub struct Supervisor {
     speech_users: std::sync::atomic::AtomicUsize,
 }
 
+/// Without exclusive compute each role decodes on its own thread with its own OpenMP team; if
+/// the teams together outnumber the cores, libgomp stops spinning at barriers and every op
+/// sleeps and wakes (58-68 against 97-101 tok/s for the Thinker here: engine/src/compute.rs).
+fn warn_if_teams_outnumber_cores(config: &Config) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads: u32 = config.models.iter().map(|m| m.threads).sum();
+    if !config.daemon.exclusive_compute && threads as usize > cores {
+        tracing::warn!(
+            "exclusive_compute = false with {threads} decode threads across the roles on {cores} cores: \
+             roles decoding on the CPU at once oversubscribe it (OpenMP sleeps at its barriers) and \
+             decoding slows; set exclusive_compute = true or fewer threads"
+        );
+    }
+}
+
 impl Supervisor {
     pub fn new(config: Config, registry: Registry) -> Arc<Supervisor> {
         heap::fix_mmap_threshold();
+        warn_if_teams_outnumber_cores(&config);
         let budget = config.budget.budget_bytes();
         // Admission is by lease (see [`Lease`]); the engine's own bound is a backstop sized so
         // that admitted turns never reach it (a turn may have two jobs on one role at once).
