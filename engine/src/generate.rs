@@ -148,6 +148,7 @@ impl Run<'_, '_> {
         &mut self,
         tokens: &[LlamaToken],
         logits: bool,
+        keep_at: Option<usize>,
         cancelled: &dyn Fn() -> bool,
         events: Option<&UnboundedSender<GenEvent>>,
     ) -> Result<Prefilled, GenerateError> {
@@ -211,6 +212,12 @@ impl Run<'_, '_> {
         if let Some(m) = mark.filter(|&m| m >= 16 && m > keep && m < tokens.len()) {
             ends.insert(0, m);
         }
+        // The end of a one-slot role's fixed opening: the sequence holds exactly it there, which
+        // is what its prefix file keeps (and, on a hybrid model, a checkpoint to rewind to).
+        if let Some(k) = keep_at.filter(|&k| k > keep && k < tokens.len() && !ends.contains(&k)) {
+            ends.push(k);
+            ends.sort_unstable();
+        }
         let mut start = keep;
         for end in ends {
             for piece in tokens[start..end].chunks(chunk) {
@@ -246,6 +253,9 @@ impl Run<'_, '_> {
                 if let Ok(state) = self.ctx.state_seq_get(seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
                     *self.cache.checkpoint(seq as usize) = Some((end, state));
                 }
+            }
+            if keep_at == Some(end) {
+                self.keep_prefix(end);
             }
             start = end;
         }
@@ -350,6 +360,26 @@ pub fn run(
     generated
 }
 
+/// Where a one-slot role's fixed opening ends in `tokens`, while it is not on disk yet: the
+/// template's start with the request's system messages, up to the first user text (found as
+/// what two probe prompts, user "a" and user "b", share). Kept in the role's prefix file, the
+/// next load restores it: a Thinker's system prompt is prefilled once per model and context
+/// shape, not once per start of the daemon (Android stops idle services).
+fn fixed_opening(run: &Run<'_, '_>, job: &Job, tokens: &[LlamaToken]) -> Option<usize> {
+    if run.cache.prefix_kept || run.cfg.cache_slots > 1 || run.cfg.prefix_dir.is_none() {
+        return None;
+    }
+    let system: Vec<ChatMessage> = job.request.messages.iter().take_while(|m| m.role == "system").cloned().collect();
+    let probe = |text: &str| {
+        let mut m = system.clone();
+        m.push(ChatMessage::new("user", text));
+        run.tokenize(&m, "", false).ok().map(|(t, _, _)| t)
+    };
+    let (a, b) = (probe("a")?, probe("b")?);
+    let n = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    (n >= 16 && n < tokens.len() && tokens[..n] == a[..n]).then_some(n)
+}
+
 fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateError> {
     let start = job.submitted;
     let opts = &job.request.options;
@@ -375,13 +405,14 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let m = &run.model.model;
     let hybrid = base >= 2 && (m.is_recurrent() || m.is_hybrid());
     let first = if hybrid { base - 1 } else { tokens.len() };
-    let mut pre = run.prefill(&tokens[..first], first == tokens.len(), &cancelled, Some(&job.events))?;
+    let keep_at = fixed_opening(run, job, &tokens);
+    let mut pre = run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events))?;
     let rewind = Rewind { at: base };
     if first < tokens.len() && !pre.cancelled {
         if let Ok(state) = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
             *run.cache.checkpoint(run.seq as usize) = Some((first, state));
         }
-        let more = run.prefill(&tokens, true, &cancelled, Some(&job.events))?;
+        let more = run.prefill(&tokens, true, keep_at, &cancelled, Some(&job.events))?;
         pre = Prefilled {
             decoded: pre.decoded + more.decoded,
             cached: pre.cached,
@@ -622,7 +653,7 @@ fn classify(
     if !req.reuse_cache {
         run.reset();
     }
-    let pre = run.prefill(&tokens, true, &cancelled, None)?;
+    let pre = run.prefill(&tokens, true, None, &cancelled, None)?;
     if pre.cancelled {
         return Err(GenerateError::Cancelled);
     }

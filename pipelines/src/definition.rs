@@ -38,6 +38,11 @@ pub enum Stage {
         role: String,
         #[serde(default)]
         thinking_budget: Option<u32>,
+        /// The Thinker's system prompt, before the conversation. Fixed per pipeline, so the
+        /// engine keeps it in the role's prefix file: the first turn after a restart does not
+        /// prefill it again.
+        #[serde(default)]
+        system: Option<String>,
     },
     /// Check the user's text (`input`) or the reply, sentence by sentence (`output`).
     Guard { role: String, check: crate::guard::Check },
@@ -79,6 +84,8 @@ pub struct Plan {
     pub think: Option<String>,
     /// The think stage's `thinking_budget`.
     pub think_budget: Option<u32>,
+    /// The think stage's system prompt.
+    pub think_system: Option<String>,
     pub output_guard: Option<String>,
     /// Audio out: the last stage speaks.
     pub speak: bool,
@@ -101,6 +108,7 @@ impl Pipeline {
             input_guard: None,
             think: None,
             think_budget: None,
+            think_system: None,
             output_guard: None,
             speak: false,
         };
@@ -122,9 +130,10 @@ impl Pipeline {
             match s {
                 Stage::Transcribe => plan.transcribe = true,
                 Stage::Guard { role, check: Check::Input } => plan.input_guard = Some(role.clone()),
-                Stage::Think { role, thinking_budget } => {
+                Stage::Think { role, thinking_budget, system } => {
                     plan.think = Some(role.clone());
                     plan.think_budget = *thinking_budget;
+                    plan.think_system = system.clone();
                 }
                 Stage::Guard { role, check: Check::Output } => plan.output_guard = Some(role.clone()),
                 Stage::Speak => plan.speak = true,
@@ -216,7 +225,7 @@ mod tests {
     fn builtins_parse() {
         let reg = Registry::builtin();
         let chat = reg.get("chat").unwrap();
-        assert_eq!(chat.stages, vec![Stage::Think { role: "thinker".into(), thinking_budget: None }]);
+        assert_eq!(chat.stages, vec![Stage::Think { role: "thinker".into(), thinking_budget: None, system: None }]);
         let e = reg.get("nope").unwrap_err().to_string();
         assert!(e.contains("nope") && e.contains("chat"), "{e}");
     }

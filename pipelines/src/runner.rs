@@ -197,6 +197,9 @@ pub async fn run_turn(
     let thinker_cancel = cancel.child_token();
     let mut options = input.options.clone();
     options.thinking_budget = options.thinking_budget.or(plan.think_budget);
+    if let Some(system) = &plan.think_system {
+        messages.insert(0, ChatMessage::new("system", system.clone()));
+    }
     let request = GenerateRequest::new(&think_role, messages, options);
     let mut thinker: Option<mpsc::UnboundedReceiver<GenEvent>> = None;
     if guard_in.is_none() || pipeline.overlap {

@@ -30,6 +30,9 @@ struct Scripted {
     labels: Vec<(String, Label)>,
     /// The Thinker's cancel token.
     thinker_cancel: Mutex<Option<CancellationToken>>,
+    /// What the Thinker was asked, and everything the guard saw.
+    thinker_messages: Mutex<Vec<ChatMessage>>,
+    guard_saw: Mutex<String>,
     classified: AtomicU32,
 }
 
@@ -40,6 +43,8 @@ impl Scripted {
             script: Box::new(script),
             labels: policy.format.prompt(Check::Input, "x", "").labels,
             thinker_cancel: Mutex::new(None),
+            thinker_messages: Mutex::new(Vec::new()),
+            guard_saw: Mutex::new(String::new()),
             classified: AtomicU32::new(0),
         }
     }
@@ -53,6 +58,7 @@ impl Llm for Scripted {
     ) -> Result<mpsc::UnboundedReceiver<GenEvent>, LlmError> {
         assert_eq!(request.role, "thinker", "the guard only classifies here (categories off)");
         *self.thinker_cancel.lock().unwrap() = Some(cancel.clone());
+        *self.thinker_messages.lock().unwrap() = request.messages.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let tokens: Vec<String> = SENTENCES.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect();
@@ -83,6 +89,7 @@ impl Llm for Scripted {
         let check = if request.slot == Check::Output.slot() { Check::Output } else { Check::Input };
         let seen: String =
             request.messages.iter().map(|m: &ChatMessage| m.content.as_str()).collect::<Vec<_>>().join("\n");
+        self.guard_saw.lock().unwrap().push_str(&seen);
         let label = (self.script)(check, &seen);
         let text = self.labels.iter().find(|(_, l)| *l == label).expect("the format has the label").0.clone();
         assert!(request.labels.contains(&text), "{text:?} among {:?}", request.labels);
@@ -102,7 +109,10 @@ impl Llm for Scripted {
 /// Run one guarded turn against `llm`; all its events.
 async fn turn(llm: &Scripted) -> Vec<Event> {
     let registry = Registry::builtin();
-    let pipeline = registry.get("guarded-chat").unwrap();
+    turn_on(llm, registry.get("guarded-chat").unwrap()).await
+}
+
+async fn turn_on(llm: &Scripted, pipeline: &kazeia_pipelines::Pipeline) -> Vec<Event> {
     let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let input = TurnInput { text: "What is the capital of France?".into(), ..Default::default() };
@@ -174,4 +184,25 @@ async fn an_output_verdict_that_blocks_the_second_sentence_keeps_the_first_and_s
     assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Blocked, .. })), "{events:?}");
     let thinker = llm.thinker_cancel.lock().unwrap().clone().expect("the Thinker ran");
     assert!(thinker.is_cancelled(), "the Thinker is cancelled mid-reply");
+}
+
+/// A think stage's `system` reaches the Thinker first, before the conversation; the guard judges
+/// the user's text and the reply, never our own instructions.
+#[tokio::test]
+async fn the_think_stages_system_prompt_goes_to_the_thinker_only() {
+    let system = "You are Kazeia. Answer briefly.";
+    let text = format!(
+        "[[stage]]\nkind = \"guard\"\nrole = \"guard\"\ncheck = \"input\"\n\
+         [[stage]]\nkind = \"think\"\nrole = \"thinker\"\nsystem = \"{system}\"\n\
+         [[stage]]\nkind = \"guard\"\nrole = \"guard\"\ncheck = \"output\"\n"
+    );
+    let pipeline = kazeia_pipelines::Pipeline::parse("sys", "sys.toml", &text).unwrap();
+    let llm = Scripted::new(|_, _| Label::Safe);
+    let events = turn_on(&llm, &pipeline).await;
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Eos, .. })), "{events:?}");
+    let asked = llm.thinker_messages.lock().unwrap().clone();
+    assert_eq!((asked[0].role.as_str(), asked[0].content.as_str()), ("system", system), "{asked:?}");
+    assert_eq!(asked.last().unwrap().role, "user", "{asked:?}");
+    let saw = llm.guard_saw.lock().unwrap().clone();
+    assert!(!saw.is_empty() && !saw.contains("Kazeia"), "the guard saw {saw:?}");
 }

@@ -1,9 +1,10 @@
-//! A guard's instructions survive a restart (engine/src/prefix_file.rs): written once two slots
-//! share them, restored at the next load, and never trusted when missing, stale, truncated or
+//! A guard's instructions and a Thinker's system prompt survive a restart
+//! (engine/src/prefix_file.rs): written once two slots share them (a one-slot role: once its
+//! fixed opening is prefilled), restored at the next load, and never trusted when missing, stale, truncated or
 //! corrupt — each of those is a normal prefill with the same verdict as a cold context.
 
 use kazeia_engine::Engine;
-use kazeia_pipelines::{ChatMessage, Classification, ClassifyRequest, Llm};
+use kazeia_pipelines::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenerateOptions, GenerateRequest, Llm};
 use kazeia_tests::{config, model_toml, smollm2};
 use tokio_util::sync::CancellationToken;
 
@@ -114,4 +115,60 @@ async fn a_hybrid_guard_prefills_its_instructions_once() {
     assert!(third.prefilled_tokens * 2 < third.prompt_tokens, "the instructions again: {third:?} (first {first:?})");
     let cold = check(&load_file(&file, None, 2048), "What is the capital of France?", 0).await;
     same_verdict(&third, &cold);
+}
+
+/// A one-slot Thinker with its prefix files in `dir` (None: no file).
+fn thinker(file: &std::path::Path, dir: Option<&std::path::Path>) -> Engine {
+    let c = config(&model_toml("thinker", file, "n_ctx = 2048"));
+    let m = c.model("thinker").unwrap().clone();
+    let mut params = m.role_params();
+    params.prefix_dir = dir.map(|d| d.to_path_buf());
+    let engine = Engine::new();
+    engine.load(&params, c.model_path(&m), Box::new(|_| {})).unwrap();
+    engine
+}
+
+/// One greedy answer after a fixed system prompt: (text, prompt tokens, cached tokens).
+async fn answer(engine: &Engine, question: &str) -> (String, u32, u32) {
+    let system = "You are Kazeia, a calm assistant on a tablet. Answer in one or two short sentences, \
+        in the language of the question, without lists or markdown.";
+    let req = GenerateRequest::new(
+        "thinker",
+        vec![ChatMessage::new("system", system), ChatMessage::new("user", question)],
+        GenerateOptions { temperature: Some(0.0), max_tokens: Some(24), ..Default::default() },
+    );
+    let mut rx = engine.generate(req, CancellationToken::new()).unwrap();
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            GenEvent::Token { text: t, .. } => text.push_str(&t),
+            GenEvent::Finished(r) => {
+                let s = r.unwrap();
+                return (text, s.metrics.prompt_tokens, s.cached_tokens);
+            }
+            _ => {}
+        }
+    }
+    panic!("no Finished")
+}
+
+/// The Thinker's system prompt survives a restart: the first turn of a process writes the
+/// template's opening with it (up to the user's text) to the prefix file, and the first turn
+/// after a reload reuses it from there (cached tokens > 0 on a fresh context) with the answer of
+/// a cold context. On SmolLM2 and on the hybrid tiny qwen35 (whose recurrent state is restored
+/// from the file, not cut back).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_thinkers_system_prompt_survives_a_restart() {
+    for file in [smollm2(), kazeia_tests::qwen35_tiny()] {
+        let dir = tempfile::tempdir().unwrap();
+        let q = "What is the capital of France?";
+        let (cold, _, cold_cached) = answer(&thinker(&file, None), q).await;
+        assert_eq!(cold_cached, 0);
+        let (_, _, first_cached) = answer(&thinker(&file, Some(dir.path())), "Is water wet?").await;
+        assert_eq!(first_cached, 0, "{}: no file yet", file.display());
+        assert_eq!(prefix_files(dir.path()).len(), 1, "{}: the opening is kept", file.display());
+        let (restored, prompt, cached) = answer(&thinker(&file, Some(dir.path())), q).await;
+        assert!(cached >= 16 && cached < prompt, "{}: {cached} of {prompt} reused after a restart", file.display());
+        assert_eq!(restored, cold, "{}: the same answer as a cold context", file.display());
+    }
 }
