@@ -169,6 +169,15 @@ impl Piper {
         Ok(Piper { session, config, path: path.into(), placement })
     }
 
+    /// The same audio for the same text every time: the voice's sampled noise (prosody and
+    /// durations) turned off. For tests, where a question Whisper once misheard ("the capital of
+    /// friends") must be misheard every run or never.
+    pub fn without_noise(mut self) -> Piper {
+        self.config.inference.noise_scale = 0.0;
+        self.config.inference.noise_w = 0.0;
+        self
+    }
+
     /// Phoneme ids: `^ _ p1 _ p2 _ … $` (BOS, pad after each symbol, EOS), unknown symbols
     /// skipped.
     pub fn ids(&self, phonemes: &str) -> Vec<i64> {

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use common::{smollm2, Daemon};
 use kazeia_daemon::config::Config;
-use kazeia_daemon::speech::{audio, voice_for, wer::wer};
+use kazeia_daemon::speech::{audio, wer::wer};
 use kazeia_ipc::{AudioFrame, AudioSpec, Client, Event, Frame, Incoming, Request, StopReason, TurnOptions};
+use kazeia_speech::Voice;
 
 fn config_text() -> String {
     format!(
@@ -27,9 +28,13 @@ fn local_config() -> Config {
     Config::parse(std::path::Path::new("voice-test.toml"), &config_text()).unwrap()
 }
 
-/// `text` spoken by the Piper voice, 16 kHz mono.
+/// `text` spoken by the Piper voice without its sampled noise (the same clip every run: with
+/// the noise, "What is the capital of France?" was once heard "…of friends?", and the Thinker
+/// answered New York), 16 kHz mono.
 fn spoken(text: &str) -> Vec<f32> {
-    let mut v = voice_for(&local_config(), "en").unwrap();
+    let config = local_config();
+    let path = config.cache_path(std::path::Path::new(&config.speech.voices["en"]));
+    let mut v = kazeia_speech::Piper::load(&path, 2, kazeia_speech::Backend::Cpu).unwrap().without_noise();
     audio::resample(&v.synthesize(text).unwrap(), v.sample_rate(), 16_000)
 }
 
