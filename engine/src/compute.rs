@@ -31,19 +31,13 @@ pub struct Compute {
 struct Call {
     ctx: *mut LlamaContext<'static>,
     batch: *mut LlamaBatch<'static>,
-    done: SyncSender<Result<(), Failed>>,
+    done: SyncSender<Result<(), ComputeError>>,
 }
 
 // SAFETY: the pointers come from `&mut` borrows whose owner waits, blocked, until the compute
 // thread has replied; nothing else touches the context or batch meanwhile. llama.cpp's contexts
 // are not tied to the thread that created them.
 unsafe impl Send for Call {}
-
-/// Why a handed-over decode did not succeed.
-enum Failed {
-    Decode(DecodeError),
-    Panicked,
-}
 
 fn compute_thread() -> &'static SyncSender<Call> {
     static THREAD: OnceLock<SyncSender<Call>> = OnceLock::new();
@@ -63,20 +57,20 @@ fn serve(rx: Receiver<Call>) {
         // SAFETY: see `Call`; the caller is blocked on `done` until we reply below.
         let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*call.ctx).decode(&mut *call.batch) }));
         let _ = call.done.send(match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Failed::Decode(e)),
-            Err(_) => Err(Failed::Panicked),
+            Ok(r) => r.map_err(ComputeError::from),
+            Err(_) => Err(ComputeError("the decode panicked".into())),
         });
     }
 }
 
 /// A decode that failed, as the callers report it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct ComputeError(pub String);
 
-impl std::fmt::Display for ComputeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl From<DecodeError> for ComputeError {
+    fn from(e: DecodeError) -> ComputeError {
+        ComputeError(e.to_string())
     }
 }
 
@@ -88,7 +82,7 @@ impl Compute {
     /// Decode `batch` in `ctx`: on the compute thread with `exclusive`, else right here.
     pub fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch<'_>) -> Result<(), ComputeError> {
         if !self.exclusive {
-            return ctx.decode(batch).map_err(|e| ComputeError(e.to_string()));
+            return ctx.decode(batch).map_err(ComputeError::from);
         }
         let (done, reply) = sync_channel(1);
         let call = Call {
@@ -99,11 +93,6 @@ impl Compute {
         compute_thread().send(call).map_err(|_| ComputeError("the compute thread is gone".into()))?;
         // The borrow of `ctx` and `batch` lasts until this returns: the compute thread always
         // replies (a panic in llama.cpp's Rust wrapper is caught and reported).
-        match reply.recv() {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(Failed::Decode(e))) => Err(ComputeError(e.to_string())),
-            Ok(Err(Failed::Panicked)) => Err(ComputeError("the decode panicked".into())),
-            Err(_) => Err(ComputeError("the compute thread is gone".into())),
-        }
+        reply.recv().unwrap_or_else(|_| Err(ComputeError("the compute thread is gone".into())))
     }
 }

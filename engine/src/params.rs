@@ -15,6 +15,17 @@ pub enum FlashAttn {
     Off,
 }
 
+impl FlashAttn {
+    /// As models.toml and llama.cpp's tools (`-fa`) spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlashAttn::Auto => "auto",
+            FlashAttn::On => "on",
+            FlashAttn::Off => "off",
+        }
+    }
+}
+
 /// Sampling defaults for a role; a request may override temperature, seed and max_tokens.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -55,7 +55,6 @@ fn generate(engine: &Engine, role: &str, text: &str, opts: GenerateOptions) -> R
 /// llama-bench's command line for our role's settings: the same threads, batch sizes, flash
 /// attention policy and load mode (mmap or a plain read), CPU only.
 fn llama_bench_args(model: &Path, cfg: &ModelConfig, pp: u32, tg: u32) -> Vec<String> {
-    let fa = serde_json::to_value(cfg.flash_attn).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
     let load = if cfg.mmap { "mmap" } else { "none" };
     let mut a: Vec<String> = vec!["-m".into(), model.display().to_string()];
     for (k, v) in [
@@ -64,7 +63,7 @@ fn llama_bench_args(model: &Path, cfg: &ModelConfig, pp: u32, tg: u32) -> Vec<St
         ("-n", tg.to_string()),
         ("-b", cfg.n_batch.to_string()),
         ("-ub", cfg.n_ubatch.to_string()),
-        ("-fa", fa),
+        ("-fa", cfg.flash_attn.as_str().to_string()),
         ("-lm", load.to_string()),
         ("-ngl", "0".into()),
         ("-r", "1".into()),

@@ -177,7 +177,6 @@ async fn main() -> Result<()> {
     );
     // llama-server with the same model and settings, on a loopback port.
     let port = free_port();
-    let fa = serde_json::to_value(m.flash_attn)?.as_str().unwrap_or_default().to_string();
     let server_args: Vec<String> = [
         "-m",
         &model.display().to_string(),
@@ -196,7 +195,7 @@ async fn main() -> Result<()> {
         "-ub",
         &m.n_ubatch.to_string(),
         "-fa",
-        &fa,
+        m.flash_attn.as_str(),
         "--load-mode",
         if m.mmap { "mmap" } else { "none" },
         "-np",

@@ -90,7 +90,9 @@ async fn race(budget: u64, roles: &[&str], after_first_loading: bool) -> kazeia_
     let mut statuses = Vec::new();
     if after_first_loading {
         loop {
-            match pushes.recv().await.expect("the subscription ended") {
+            // A guard against a hang, not a bound on the daemon: a refused load never shows it.
+            let next = tokio::time::timeout(std::time::Duration::from_secs(120), pushes.recv());
+            match next.await.expect("the first role never showed `loading`").expect("the subscription ended") {
                 Incoming::Event(Event::Status { status, .. }) => {
                     let loading = status.models.iter().any(|m| m.role == roles[0] && m.state == ModelState::Loading);
                     statuses.push(status);

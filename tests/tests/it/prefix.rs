@@ -1,7 +1,8 @@
 //! A guard's instructions and a Thinker's system prompt survive a restart
 //! (engine/src/prefix_file.rs): written once two slots share them (a one-slot role: once its
-//! fixed opening is prefilled), restored at the next load, and never trusted when missing, stale, truncated or
-//! corrupt — each of those is a normal prefill with the same verdict as a cold context.
+//! fixed opening is prefilled), restored at the next load, and never trusted when missing,
+//! stale, truncated or corrupt — each of those is a normal prefill with the same verdict as a
+//! cold context.
 
 use kazeia_engine::Engine;
 use kazeia_pipelines::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenerateOptions, GenerateRequest, Llm};
@@ -14,8 +15,13 @@ fn load(dir: Option<&std::path::Path>, n_ctx: u32) -> Engine {
 }
 
 fn load_file(file: &std::path::Path, dir: Option<&std::path::Path>, n_ctx: u32) -> Engine {
-    let c = config(&model_toml("guard", file, &format!("n_ctx = {n_ctx}\ncache_slots = 2")));
-    let m = c.model("guard").unwrap().clone();
+    load_role("guard", file, &format!("n_ctx = {n_ctx}\ncache_slots = 2"), dir)
+}
+
+/// `role` on `file` with the model keys `extra`, its prefix files in `dir` (None: no file).
+fn load_role(role: &str, file: &std::path::Path, extra: &str, dir: Option<&std::path::Path>) -> Engine {
+    let c = config(&model_toml(role, file, extra));
+    let m = c.model(role).unwrap().clone();
     let mut params = m.role_params();
     params.prefix_dir = dir.map(|d| d.to_path_buf());
     let engine = Engine::new();
@@ -119,13 +125,7 @@ async fn a_hybrid_guard_prefills_its_instructions_once() {
 
 /// A one-slot Thinker with its prefix files in `dir` (None: no file).
 fn thinker(file: &std::path::Path, dir: Option<&std::path::Path>) -> Engine {
-    let c = config(&model_toml("thinker", file, "n_ctx = 2048"));
-    let m = c.model("thinker").unwrap().clone();
-    let mut params = m.role_params();
-    params.prefix_dir = dir.map(|d| d.to_path_buf());
-    let engine = Engine::new();
-    engine.load(&params, c.model_path(&m), Box::new(|_| {})).unwrap();
-    engine
+    load_role("thinker", file, "n_ctx = 2048", dir)
 }
 
 /// One greedy answer after a fixed system prompt: (text, prompt tokens, cached tokens).
