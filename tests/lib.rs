@@ -115,3 +115,24 @@ pub fn qwen35_tiny() -> PathBuf {
 }
 
 pub use kazeia_daemon::speech::wer::{wer, word_errors};
+
+/// Check a speech model's plan estimate against `peak`, the growth of this process's peak RSS
+/// over its load and runs: never below it, and at most `above` times it. Prints the measured
+/// factor (peak over file bytes), the figure memory-budget/src/onnx.rs is set from.
+pub fn assert_within_estimate(
+    name: &str,
+    file_bytes: u64,
+    peak: u64,
+    kind: kazeia_memory_budget::onnx::OnnxKind,
+    above: f64,
+) {
+    let est = kazeia_memory_budget::onnx::estimate_onnx(file_bytes, kind);
+    eprintln!("{name}: files {file_bytes} B, measured {peak} B (factor {:.2})", peak as f64 / file_bytes as f64);
+    eprintln!(
+        "{name}: estimate {est} B (factor {}) vs measured {peak} B: ratio {:.3}",
+        kind.factor(),
+        est as f64 / peak as f64
+    );
+    assert!(est >= peak, "{name}: the estimate {est} is below the measured {peak}");
+    assert!(est as f64 <= peak as f64 * above, "{name}: the estimate {est} is far above the measured {peak}");
+}
