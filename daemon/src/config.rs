@@ -255,9 +255,20 @@ pub struct SpeechConfig {
     pub language: String,
     /// What `auto` chooses among (empty: any of Whisper's 99).
     pub languages: Vec<String>,
-    /// Silence that ends an utterance.
+    /// Silence that ends an utterance when there is no end-of-turn model (`turn = ""`).
     #[serde(deserialize_with = "de_duration")]
     pub vad_silence: Duration,
+    /// End-of-turn model (Smart Turn v3.2 ONNX), asked after `turn_pause` of silence whether
+    /// the user is done; `""` turns it off (the turn then ends after `vad_silence`).
+    pub turn: PathBuf,
+    /// The pause after which the end-of-turn model is asked.
+    #[serde(deserialize_with = "de_duration")]
+    pub turn_pause: Duration,
+    /// Above this probability the turn is complete.
+    pub turn_threshold: f32,
+    /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
+    #[serde(deserialize_with = "de_duration")]
+    pub turn_max_silence: Duration,
     /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.
     pub voices: std::collections::BTreeMap<String, String>,
     /// Language of replies whose language cannot be told (`en`, `fr`).
@@ -274,6 +285,12 @@ impl Default for SpeechConfig {
             language: "auto".into(),
             languages: vec!["fr".into(), "en".into()],
             vad_silence: Duration::from_millis(500),
+            turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
+            // Pipecat's VAD stop with Smart Turn (it was 0.8 s before the model).
+            turn_pause: Duration::from_millis(200),
+            turn_threshold: 0.5,
+            // Pipecat's fallback `stop_secs`.
+            turn_max_silence: Duration::from_secs(3),
             // No French neural voice ships in the registries: espeak-ng speaks French.
             voices: [
                 ("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()),
@@ -286,6 +303,11 @@ impl Default for SpeechConfig {
 }
 
 impl SpeechConfig {
+    /// The end-of-turn model, when one is configured.
+    pub fn turn_model(&self) -> Option<&Path> {
+        (!self.turn.as_os_str().is_empty()).then_some(self.turn.as_path())
+    }
+
     /// The language to answer in: `heard` when a voice speaks it, else `default_language`.
     pub fn reply_language(&self, heard: &str) -> String {
         if self.voices.contains_key(heard) {
@@ -505,6 +527,15 @@ impl Config {
         let daemon = raw.daemon;
         if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
+        }
+        let sp = &raw.speech;
+        if !(sp.turn_threshold > 0.0 && sp.turn_threshold < 1.0) || sp.turn_max_silence < sp.turn_pause {
+            let at =
+                text.find("turn_threshold").or_else(|| text.find("turn_max_silence")).or_else(|| text.find("[speech"));
+            return Err(invalid(
+                line_of(text, at.unwrap_or(0)),
+                "[speech]: key `turn_threshold` must be in (0, 1) and `turn_max_silence` >= `turn_pause`".into(),
+            ));
         }
         let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard)
             .map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;

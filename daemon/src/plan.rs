@@ -108,14 +108,17 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
     Ok(Plan { budget_bytes, total_bytes, fits: total_bytes <= budget_bytes, models })
 }
 
-/// The speech rows of the plan (`stt` with the VAD, one `tts` per Piper voice); reads file
+/// The speech rows of the plan (`stt` with the VAD and the end-of-turn model, one `tts` per
+/// Piper voice); reads file
 /// sizes only.
 pub fn speech_plans(config: &Config) -> Vec<ModelPlan> {
     use kazeia_memory_budget::onnx::{estimate_onnx, OnnxKind};
     let s = &config.speech;
     let stt = config.cache_path(&s.stt);
     let vad = config.cache_path(&s.vad);
-    let mut rows = vec![("stt", vec![stt.join("encoder.onnx"), stt.join("decoder.onnx"), vad], OnnxKind::Stt)];
+    let mut stack = vec![stt.join("encoder.onnx"), stt.join("decoder.onnx"), vad];
+    stack.extend(s.turn_model().map(|t| config.cache_path(t)));
+    let mut rows = vec![("stt", stack, OnnxKind::Stt)];
     for voice in s.voices.values().filter(|v| !v.starts_with("espeak:")) {
         rows.push(("tts", vec![config.cache_path(Path::new(voice))], OnnxKind::Tts));
     }

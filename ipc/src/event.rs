@@ -37,6 +37,23 @@ pub struct Metrics {
     /// counts the first token of any kind).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttfa_ms: Option<f64>,
+    /// Audio turns: from the end of the user's speech to the end of their turn (the pause
+    /// waited and the end-of-turn verdicts), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_turn_ms: Option<f64>,
+    /// Audio turns: the end-of-turn model's verdicts asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_checks: Option<u32>,
+    /// Audio turns: Whisper on the utterance, after the end of the turn (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stt_ms: Option<f64>,
+    /// Spoken replies: the synthesis of the first sentence, until its first audio frame (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tts_first_ms: Option<f64>,
+    /// Voice turns: from the end of the user's speech to the reply's first audio frame sent
+    /// (ms): what the user waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech_end_to_audio_ms: Option<f64>,
 }
 
 /// Why generation ended.
@@ -301,6 +318,9 @@ pub enum ErrorCode {
     TooManyConnections,
     /// The peer's uid has `limits.max_turns_per_uid` turns running.
     TooManyTurns,
+    /// An audio turn in which the VAD heard no speech: nothing is transcribed (Whisper would
+    /// invent words in silence).
+    NoSpeech,
 }
 
 impl Event {
@@ -352,6 +372,7 @@ impl ErrorCode {
             ErrorCode::MemoryPressure => "memory_pressure",
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::TooManyTurns => "too_many_turns",
+            ErrorCode::NoSpeech => "no_speech",
         }
     }
 }

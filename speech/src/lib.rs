@@ -1,4 +1,4 @@
-//! Speech through ONNX Runtime: VAD (Silero), STT (Whisper base), voices (Piper, espeak-ng),
+//! Speech through ONNX Runtime: VAD (Silero), end of turn (Smart Turn), STT (Whisper base), voices (Piper, espeak-ng),
 //! audio helpers. One module per concept; `runtime` owns the process's ONNX Runtime
 //! environment. Settings come as plain parameters: this crate reads no config file.
 
@@ -6,6 +6,7 @@ pub mod audio;
 pub mod mel;
 pub mod runtime;
 pub mod tts;
+pub mod turn;
 pub mod vad;
 pub mod wer;
 pub mod whisper;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use runtime::{placement, Placement, SpeechError};
 pub use tts::{Espeak, Piper, Voice};
+pub use turn::EndOfTurn;
 pub use vad::{Segment, Vad, VadEvent, VadParams};
 pub use whisper::{Transcript, Whisper};
 

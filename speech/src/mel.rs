@@ -137,6 +137,67 @@ impl Mel {
     }
 }
 
+/// Samples the end-of-turn model hears: the last 8 s.
+pub const TURN_SAMPLES: usize = 8 * SAMPLE_RATE;
+/// Frames of its window.
+pub const TURN_FRAMES: usize = TURN_SAMPLES / HOP;
+
+impl Mel {
+    /// Smart Turn's features, as [N_MELS × TURN_FRAMES] row-major: Pipecat's numpy copy of
+    /// `WhisperFeatureExtractor(chunk_length=8)`, which differs from [`Mel::compute`] on
+    /// purpose. The last 8 s are kept, shorter audio is zero-padded at the *front*; the
+    /// waveform is normalised to zero mean and unit variance over the whole window (padding
+    /// included) before the STFT; the STFT is reflect-padded with no extra zeros, its last frame
+    /// dropped; the clamp at peak − 8 runs over the whole window.
+    pub fn smart_turn(&self, samples: &[f32]) -> Vec<f32> {
+        let tail = &samples[samples.len().saturating_sub(TURN_SAMPLES)..];
+        let mut x = vec![0f32; TURN_SAMPLES];
+        x[TURN_SAMPLES - tail.len()..].copy_from_slice(tail);
+        let n = TURN_SAMPLES as f64;
+        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+        let scale = 1.0 / (var + 1e-7).sqrt();
+        for v in &mut x {
+            *v = ((f64::from(*v) - mean) * scale) as f32;
+        }
+        // numpy's reflect padding: x[half], …, x[1] before; x[n-2], … after.
+        let half = N_FFT / 2;
+        let mut padded = vec![0f32; TURN_SAMPLES + N_FFT];
+        padded[half..half + TURN_SAMPLES].copy_from_slice(&x);
+        for j in 0..half {
+            padded[j] = x[half - j];
+            padded[half + TURN_SAMPLES + j] = x[TURN_SAMPLES - 2 - j];
+        }
+        let n_bins = N_FFT / 2 + 1;
+        let mut out = vec![0f32; N_MELS * TURN_FRAMES];
+        let mut buf = vec![Complex32::new(0.0, 0.0); N_FFT];
+        let mut power = vec![0f32; n_bins];
+        let mut scratch = vec![Complex32::new(0.0, 0.0); self.fft.get_inplace_scratch_len()];
+        let mut peak = f32::MIN;
+        // 801 frames; the 801st is dropped.
+        for frame in 0..TURN_FRAMES {
+            let start = frame * HOP;
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = Complex32::new(padded[start + i] * self.window[i], 0.0);
+            }
+            self.fft.process_with_scratch(&mut buf, &mut scratch);
+            for (p, c) in power.iter_mut().zip(&buf[..n_bins]) {
+                *p = c.norm_sqr();
+            }
+            for (m, filt) in self.filters.iter().enumerate() {
+                let e: f32 = filt.iter().zip(&power).map(|(a, b)| a * b).sum();
+                let v = e.max(1e-10).log10();
+                peak = peak.max(v);
+                out[m * TURN_FRAMES + frame] = v;
+            }
+        }
+        for v in &mut out {
+            *v = (v.max(peak - 8.0) + 4.0) / 4.0;
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +227,32 @@ mod tests {
         let hz = mel_to_hz(hz_to_mel(0.0) + (hz_to_mel(8000.0) - hz_to_mel(0.0)) * (best + 1) as f64 / 81.0);
         assert!((300.0..600.0).contains(&hz), "band {best} centred at {hz} Hz");
         assert!(m.iter().all(|v| (-1.5..=1.5).contains(v)));
+    }
+
+    #[test]
+    fn smart_turn_features_keep_the_last_8_s_padded_at_the_front() {
+        let mel = Mel::new();
+        let tone = |n: usize| -> Vec<f32> {
+            // Periodic over each second (440 whole cycles), so any whole second is the same samples.
+            (0..n)
+                .map(|i| {
+                    (2.0 * std::f32::consts::PI * 440.0 * (i % SAMPLE_RATE) as f32 / SAMPLE_RATE as f32).sin() * 0.5
+                })
+                .collect()
+        };
+        // 1 s of tone: the front 7 s are padding (all one value), the last second is not.
+        let short = mel.smart_turn(&tone(SAMPLE_RATE));
+        assert_eq!(short.len(), N_MELS * TURN_FRAMES);
+        let band = |f: &[f32], b: usize, frame: usize| f[b * TURN_FRAMES + frame];
+        assert_eq!(band(&short, 10, 0), band(&short, 10, 600));
+        assert!(band(&short, 10, 790) > band(&short, 10, 0));
+        // 10 s: only the last 8 are heard, so 2 s of silence in front of 10 s of tone is the
+        // same as the tone alone.
+        let mut long = vec![0.0; 2 * SAMPLE_RATE];
+        long.extend(tone(10 * SAMPLE_RATE));
+        assert_eq!(mel.smart_turn(&long), mel.smart_turn(&tone(10 * SAMPLE_RATE)));
+        // Clamped at the window's peak − 8 (in log10), then divided by 4: a spread of 2 at most.
+        let (lo, hi) = short.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+        assert!(short.iter().all(|v| v.is_finite()) && hi - lo <= 2.0 + 1e-5, "{lo}..{hi}");
     }
 }

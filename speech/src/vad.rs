@@ -96,6 +96,16 @@ impl Vad {
         self.silence_since = None;
     }
 
+    /// Inside an utterance (speech began and its silence has not yet ended it).
+    pub fn in_speech(&self) -> bool {
+        self.speech_start.is_some()
+    }
+
+    /// The sample where the silence that ended `segment` began (its end, without the pad).
+    pub fn silence_start(&self, segment: &Segment) -> usize {
+        segment.end.saturating_sub(samples(self.params.pad))
+    }
+
     /// Speech probability of one 512-sample chunk.
     pub fn probability(&mut self, chunk: &[f32]) -> Result<f32, SpeechError> {
         assert_eq!(chunk.len(), CHUNK, "the VAD takes 512-sample chunks");

@@ -1,12 +1,13 @@
 //! The speech models, loaded by the first audio turn (or `load stt`) and kept until `unload`,
-//! entered in the ledger as `speech`. `status` lists them as roles `stt`, `vad` (one stack: they
-//! load and unload together) and `tts-<lang>` (a voice each); `load`/`unload` take those names.
+//! entered in the ledger as `speech`. `status` lists them as roles `stt`, `vad`, `turn` (the
+//! end-of-turn model, when configured; one stack: they load and unload together) and
+//! `tts-<lang>` (a voice each); `load`/`unload` take those names.
 
 use std::sync::{Arc, Mutex};
 
 use kazeia_ipc::{ModelState, ModelStatus};
 
-use crate::speech::{Placement, SpeechError, Transcriber, Voice};
+use crate::speech::{EndOfTurn, Placement, SpeechError, Transcriber, Voice};
 
 use super::load::rss_bytes;
 use super::Supervisor;
@@ -15,8 +16,12 @@ use super::Supervisor;
 /// with `&mut`). Voices load on first use, per language.
 pub struct SpeechStack {
     pub stt: Mutex<Transcriber>,
+    /// The end-of-turn model (`[speech] turn`), asked by the listener at each pause; its own
+    /// lock, so a turn's listener never waits on another turn's transcription.
+    pub turn: Option<Mutex<EndOfTurn>>,
     stt_placement: Placement,
     vad_placement: Placement,
+    turn_placement: Option<Placement>,
     /// Each voice has its own lock (a synthesis holds it); the map's lock is held only to look
     /// up or insert, so `status` never waits on a synthesis.
     voices: Mutex<std::collections::HashMap<String, SharedVoice>>,
@@ -49,7 +54,20 @@ impl SpeechStack {
     pub fn load(sup: &Supervisor) -> Result<SpeechStack, SpeechError> {
         let stt = crate::speech::transcriber(&sup.config)?;
         let (stt_placement, vad_placement) = (stt.whisper.placement.clone(), stt.vad.placement.clone());
-        Ok(SpeechStack { stt: Mutex::new(stt), stt_placement, vad_placement, voices: Mutex::new(Default::default()) })
+        let c = &sup.config;
+        let turn = match c.speech.turn_model() {
+            Some(t) => Some(EndOfTurn::load(&c.cache_path(t), c.speech.backend)?),
+            None => None,
+        };
+        let turn_placement = turn.as_ref().map(|t| t.placement.clone());
+        Ok(SpeechStack {
+            stt: Mutex::new(stt),
+            turn: turn.map(Mutex::new),
+            stt_placement,
+            vad_placement,
+            turn_placement,
+            voices: Mutex::new(Default::default()),
+        })
     }
 
     /// Synthesise with the voice of `language` (loaded on first use).
@@ -132,13 +150,15 @@ impl Supervisor {
     /// The speech roles `status` lists, by name.
     pub fn speech_roles(&self) -> Vec<String> {
         let voices = self.config.speech.voices.keys().map(|l| format!("tts-{l}"));
-        ["stt".to_string(), "vad".to_string()].into_iter().chain(voices).collect()
+        let turn = self.config.speech.turn_model().map(|_| "turn".to_string());
+        ["stt".to_string(), "vad".to_string()].into_iter().chain(turn).chain(voices).collect()
     }
 
     /// The speech role `role` names, if any.
     pub fn speech_role(&self, role: &str) -> Option<SpeechRole> {
         match role {
             "stt" | "vad" => Some(SpeechRole::Stack),
+            "turn" if self.config.speech.turn_model().is_some() => Some(SpeechRole::Stack),
             r => r
                 .strip_prefix("tts-")
                 .filter(|lang| self.config.speech.voices.contains_key(*lang))
@@ -186,7 +206,7 @@ impl Supervisor {
         Ok(true)
     }
 
-    /// Status rows of the speech models (`stt`, `vad`, `tts`): where they run and why.
+    /// Status rows of the speech models (`stt`, `vad`, `turn`, `tts`): where they run and why.
     pub(super) fn speech_status(&self, ledger: &kazeia_memory_budget::Ledger) -> Vec<ModelStatus> {
         let loaded = self.speech.lock().expect("speech").clone();
         // A load holds `speech_loading` for its whole length (seconds); status only peeks at it.
@@ -217,18 +237,22 @@ impl Supervisor {
                 prefix_file_bytes: None,
             };
         // Placements were copied at load: `stt` itself is locked for whole transcriptions.
-        let (stt_dev, stt_why, vad_dev) = match &loaded {
+        let (stt_dev, stt_why, vad_dev, turn_dev) = match &loaded {
             Some(s) => (
                 Some(s.stt_placement.device.clone()),
                 Some(s.stt_placement.reason.clone()),
                 Some(s.vad_placement.device.clone()),
+                s.turn_placement.as_ref().map(|p| p.device.clone()),
             ),
-            None => (None, None, None),
+            None => (None, None, None, None),
         };
         let mut rows = vec![
             row("stt", self.config.cache_path(&sp.stt).display().to_string(), stt_dev, stt_why.clone(), true),
-            row("vad", self.config.cache_path(&sp.vad).display().to_string(), vad_dev, stt_why, false),
+            row("vad", self.config.cache_path(&sp.vad).display().to_string(), vad_dev, stt_why.clone(), false),
         ];
+        if let Some(t) = sp.turn_model() {
+            rows.push(row("turn", self.config.cache_path(t).display().to_string(), turn_dev, stt_why, false));
+        }
         for (lang, v) in &sp.voices {
             let mut r = row(
                 &format!("tts-{lang}"),

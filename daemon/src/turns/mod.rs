@@ -58,6 +58,7 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
 
     // 2. What was said: the text, or the audio heard.
     let mut listening = None;
+    let mut ending = None;
     let (text, language) = if turn.plan.transcribe {
         let (heard, task) = match audio {
             Some(AudioSource::Stream(ring)) => listen::start(sup.clone(), ring, turn.cancel.clone()),
@@ -66,7 +67,10 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
         };
         listening = Some(task);
         let heard = match heard.await {
-            Ok(Heard::Transcript(t)) => t,
+            Ok(Heard::Transcript(t, e)) => {
+                ending = Some(e);
+                t
+            }
             Ok(Heard::Failed(code, message)) => {
                 return if turn.cancel.is_cancelled() {
                     done(StopReason::Cancelled, Metrics::default())
@@ -101,13 +105,15 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                 speaker.say(sentence.to_string());
             }
             match speaker.finish().await {
-                Ok(true) => done(StopReason::Eos, Metrics::default()),
-                Ok(false) => done(StopReason::Cancelled, Metrics::default()),
+                Ok(s) if s.finished => {
+                    done(StopReason::Eos, speech_metrics(Metrics::default(), ending.as_ref(), Some(s)))
+                }
+                Ok(_) => done(StopReason::Cancelled, Metrics::default()),
                 Err(e) => error(e.code(), e.to_string()),
             }
         } else {
             let stop = if turn.cancel.is_cancelled() { StopReason::Cancelled } else { StopReason::Eos };
-            done(stop, Metrics::default())
+            done(stop, speech_metrics(Metrics::default(), ending.as_ref(), None))
         };
         return stop_listening(listening, last).await;
     }
@@ -150,14 +156,36 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let (_, last) = tokio::join!(run_turn(&turn.pipeline, input, engines, turn.cancel.clone(), tx), forward);
     let mut last = last.unwrap_or_else(|| error(ErrorCode::Engine, "the runner ended without a final event".into()));
     // The speaker sends the last audio frame: the final event must follow it.
+    let mut spoken = None;
     if let Some(s) = speaker {
         match s.finish().await {
-            Ok(_) => {}
+            Ok(s) => spoken = Some(s),
             Err(e) if matches!(last, Event::Done { .. }) => last = error(e.code(), e.to_string()),
             Err(e) => tracing::warn!("TTS failed after the turn had failed: {e}"),
         }
     }
+    if let Event::Done { metrics, .. } = &mut last {
+        *metrics = speech_metrics(std::mem::take(metrics), ending.as_ref(), spoken);
+    }
     stop_listening(listening, last).await
+}
+
+/// A turn's metrics with its speech stages: how the user's turn ended, the transcription, the
+/// first sentence's synthesis and what the user waited from the end of their speech to the
+/// reply's first sound.
+fn speech_metrics(mut m: Metrics, ending: Option<&listen::Ending>, spoken: Option<speaker::Spoken>) -> Metrics {
+    if let Some(e) = ending {
+        m.end_of_turn_ms = Some(e.end_of_turn_ms);
+        m.turn_checks = Some(e.turn_checks);
+        m.stt_ms = Some(e.stt_ms);
+    }
+    if let Some((at, tts_ms)) = spoken.and_then(|s| s.first_audio) {
+        m.tts_first_ms = Some(tts_ms);
+        if let Some(e) = ending {
+            m.speech_end_to_audio_ms = Some(at.duration_since(e.speech_end).as_secs_f64() * 1e3);
+        }
+    }
+    m
 }
 
 /// The listening task keeps watching for barge-in while the reply runs: stop it and wait for it

@@ -4,6 +4,7 @@
 
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kazeia_ipc::{AudioFrame, Frame};
 use tokio_util::bytes::Bytes;
@@ -18,7 +19,17 @@ const DEFAULT_RATE: u32 = 22_050;
 
 pub struct Speaker {
     tx: mpsc::Sender<String>,
-    handle: tokio::task::JoinHandle<Result<bool, SpeechError>>,
+    handle: tokio::task::JoinHandle<Result<Spoken, SpeechError>>,
+}
+
+/// What the speaker did.
+#[derive(Debug, Clone, Copy)]
+pub struct Spoken {
+    /// Every sentence spoken (false: cancelled).
+    pub finished: bool,
+    /// When the reply's first audio frame was sent, and how long the first sentence took from
+    /// its arrival to that frame (ms).
+    pub first_audio: Option<(Instant, f64)>,
 }
 
 impl Speaker {
@@ -38,8 +49,8 @@ impl Speaker {
         let _ = self.tx.send(sentence);
     }
 
-    /// No more sentences: wait until the last is spoken. Ok(false) when cancelled.
-    pub async fn finish(self) -> Result<bool, SpeechError> {
+    /// No more sentences: wait until the last is spoken.
+    pub async fn finish(self) -> Result<Spoken, SpeechError> {
         drop(self.tx);
         self.handle.await.unwrap_or_else(|e| Err(SpeechError::Run(format!("the speaker stopped: {e}"))))
     }
@@ -52,27 +63,31 @@ fn speak(
     cancel: &CancellationToken,
     out: &Output,
     sentences: mpsc::Receiver<String>,
-) -> Result<bool, SpeechError> {
+) -> Result<Spoken, SpeechError> {
     let stack = sup.speech()?;
     let mut rate = DEFAULT_RATE;
     let frame =
         |rate, last, pcm| Frame::Audio(AudioFrame { id: id.to_string(), sample_rate: rate, channels: 1, last, pcm });
+    let mut spoken = Spoken { finished: false, first_audio: None };
     for sentence in sentences {
         if cancel.is_cancelled() {
-            return Ok(false);
+            return Ok(spoken);
         }
+        let arrived = Instant::now();
         let (samples, r) = stack.say(sup, language, &sentence)?;
         rate = r;
         for chunk in samples.chunks((r as usize / 10).max(1)) {
             if cancel.is_cancelled() {
-                return Ok(false);
+                return Ok(spoken);
             }
             out(frame(r, false, Bytes::from(audio::to_s16le(chunk))));
+            spoken.first_audio.get_or_insert_with(|| (Instant::now(), arrived.elapsed().as_secs_f64() * 1e3));
         }
     }
     if cancel.is_cancelled() {
-        return Ok(false);
+        return Ok(spoken);
     }
     out(frame(rate, true, Bytes::new()));
-    Ok(true)
+    spoken.finished = true;
+    Ok(spoken)
 }

@@ -122,6 +122,8 @@ async fn race(budget: u64, roles: &[&str], after_first_loading: bool) -> kazeia_
         while let Some(item) = rx.recv().await {
             match item {
                 Incoming::Event(e @ (Event::Loaded { .. } | Event::Done { .. })) => return Ok(e),
+                // The audio is silence: a turn admitted with its speech stack hears none.
+                Incoming::Event(e @ Event::Error { code: ErrorCode::NoSpeech, .. }) => return Ok(e),
                 Incoming::Event(Event::Error { code, is_final: true, .. }) => return Err(code),
                 _ => {}
             }

@@ -119,7 +119,7 @@ async fn transcribe_and_voice_over_the_socket() {
             Incoming::Event(Event::Transcript { text, .. }) => heard = text,
             Incoming::Event(Event::Verdict { .. }) => verdicts += 1,
             Incoming::Event(Event::Token { text, .. }) => tokens.push_str(&text),
-            Incoming::Event(Event::Done { stop, .. }) => break stop,
+            Incoming::Event(Event::Done { stop, metrics, .. }) => break (stop, metrics),
             Incoming::Event(Event::Error { message, .. }) => panic!("{message}\n{}", d.log()),
             Incoming::Event(_) => {}
             Incoming::Audio(a) => {
@@ -130,7 +130,15 @@ async fn transcribe_and_voice_over_the_socket() {
             }
         }
     };
+    let (stop, metrics) = stop;
     assert_eq!(stop, StopReason::Eos);
+    // The stages of a voice turn, in its metrics: the end of the turn, Whisper, the first
+    // sentence's synthesis, and what the user waited in all.
+    eprintln!("voice turn metrics: {metrics:?}");
+    let wait = metrics.speech_end_to_audio_ms.expect("speech_end_to_audio_ms");
+    let stages = [metrics.end_of_turn_ms, metrics.stt_ms, metrics.tts_first_ms];
+    assert!(stages.iter().all(|m| m.is_some_and(|v| v > 0.0 && v < wait)), "{metrics:?}");
+    assert!(metrics.turn_checks >= Some(1), "the end-of-turn model was asked: {metrics:?}");
     assert!(wer("What is the capital of France?", &heard) <= 0.34, "{heard:?}");
     assert!(verdicts >= 2, "input and output verdicts: {verdicts}");
     assert!(tokens.contains("Paris"), "{tokens:?}");
@@ -334,4 +342,58 @@ async fn barge_in_stops_the_reply() {
     // Nothing more for this turn, and the daemon serves on.
     assert!(tokio::time::timeout(Duration::from_millis(500), rx.recv()).await.map(|x| x.is_none()).unwrap_or(true));
     assert!(c.status().await.is_ok());
+}
+
+/// Silence is `no_speech`, never a transcript (Whisper base heard 2 s of silence as "you"); the
+/// connection serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn silence_is_no_speech() {
+    let d = Daemon::start(&config_text());
+    let c = d.client().await;
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &vec![0.0; 32_000], true).await;
+    match tokio::time::timeout(common::HANG, rx.recv()).await.expect("an answer").expect("open") {
+        Incoming::Event(Event::Error { code, is_final, .. }) => {
+            assert_eq!((code, is_final), (kazeia_ipc::ErrorCode::NoSpeech, true))
+        }
+        other => panic!("{other:?}\n{}", d.log()),
+    }
+    assert!(c.status().await.is_ok());
+}
+
+/// A pause mid-sentence (a hesitation, 600 ms: three times the pause after which the
+/// end-of-turn model is asked) does not end the turn: the model says "not yet" at each check,
+/// the user goes on, and the turn ends with one transcript of the whole utterance. The audio
+/// is streamed without a `last` flag, as a microphone would.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_mid_sentence_is_one_utterance() {
+    let d = Daemon::start(&config_text());
+    let c = d.client().await;
+    let (first, second) = ("So I was wondering if you could,", "tell me what time it is in Tokyo?");
+    let mut utterance = spoken(first);
+    utterance.extend(vec![0.0; 9_600]);
+    utterance.extend(spoken(second));
+    utterance.extend(vec![0.0; 32_000]);
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &utterance, false).await;
+    let mut transcripts = Vec::new();
+    let t = Instant::now();
+    let metrics = 'turn: loop {
+        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
+        // Microphone silence until the turn ends.
+        send_audio(&c, &id, &vec![0.0; 1_600], false).await;
+        while let Ok(item) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+            match item.expect("open") {
+                Incoming::Event(Event::Transcript { text, .. }) => transcripts.push(text),
+                Incoming::Event(Event::Done { metrics, .. }) => break 'turn metrics,
+                other => panic!("{other:?}\n{}", d.log()),
+            }
+        }
+    };
+    eprintln!("{transcripts:?} {metrics:?}");
+    assert_eq!(transcripts.len(), 1, "{transcripts:?}");
+    let whole = format!("{first} {second}");
+    assert!(wer(&whole, &transcripts[0]) <= 0.25, "{:?} for {whole:?}", transcripts[0]);
+    // Asked at the hesitation (and again while it lasted), then at the end.
+    assert!(metrics.turn_checks >= Some(2), "{metrics:?}");
 }

@@ -9,3 +9,4 @@ mod engine;
 mod prefix;
 mod speech;
 mod thinking;
+mod turn;

@@ -35,6 +35,10 @@ public final class ErrorCode {
     public static final String CANCELLED = "cancelled";
     public static final String MEMORY_PRESSURE = "memory_pressure";
     public static final String OVER_BUDGET = "over_budget";
+    public static final String TOO_MANY_CONNECTIONS = "too_many_connections";
+    public static final String TOO_MANY_TURNS = "too_many_turns";
+    /** An audio turn in which the daemon heard no speech. */
+    public static final String NO_SPEECH = "no_speech";
 
     // This library's codes: never sent by the daemon.
     /** The connection ended (daemon gone, socket closed, {@link Client#close()}). */
@@ -50,11 +54,12 @@ public final class ErrorCode {
     public static final Set<String> PROTOCOL_CODES = Collections.unmodifiableSet(new HashSet<>(Arrays.asList(BAD_CONFIG, MODEL_FILE, LOAD_FAILED, NO_MODEL,
             CONTEXT_OVERFLOW, ENGINE, PIPELINE, BAD_REQUEST, BUSY, BAD_JSON, UNKNOWN_TYPE, BAD_FRAME,
             FRAME_TOO_LARGE, PROTOCOL_VERSION, HANDSHAKE_REQUIRED, NO_AUDIO_REQUEST, UNKNOWN_REQUEST,
-            DUPLICATE_ID, PERMISSION_DENIED, SHUTTING_DOWN, CANCELLED, MEMORY_PRESSURE, OVER_BUDGET)));
+            DUPLICATE_ID, PERMISSION_DENIED, SHUTTING_DOWN, CANCELLED, MEMORY_PRESSURE, OVER_BUDGET,
+            TOO_MANY_CONNECTIONS, TOO_MANY_TURNS, NO_SPEECH)));
 
     /** Whether the daemon closes the connection after this error (or the connection is gone). */
     public static boolean closesConnection(String code) {
         return FRAME_TOO_LARGE.equals(code) || PROTOCOL_VERSION.equals(code) || HANDSHAKE_REQUIRED.equals(code)
-                || PERMISSION_DENIED.equals(code) || CONNECTION_CLOSED.equals(code);
+                || PERMISSION_DENIED.equals(code) || TOO_MANY_CONNECTIONS.equals(code) || CONNECTION_CLOSED.equals(code);
     }
 }
