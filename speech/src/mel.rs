@@ -90,7 +90,15 @@ impl Mel {
 
     /// Log-mel of up to 30 s of 16 kHz mono samples, as [N_MELS × N_FRAMES] row-major.
     pub fn compute(&self, samples: &[f32]) -> Vec<f32> {
-        let samples = &samples[..samples.len().min(WINDOW_SAMPLES)];
+        self.compute_frames(samples, N_FRAMES)
+    }
+
+    /// The same over a window of `frames` (≤ N_FRAMES) instead of 30 s: the audio's frames,
+    /// then zeros (the log-mel domain's padding) up to `frames`. The values are the 30 s
+    /// window's first `frames` columns.
+    pub fn compute_frames(&self, samples: &[f32], frames: usize) -> Vec<f32> {
+        let frames = frames.min(N_FRAMES);
+        let samples = &samples[..samples.len().min(frames * HOP)];
         let half = N_FFT / 2;
         // The audio + 160 zeros, reflect-padded by N_FFT/2 on both sides (centered STFT).
         let len = samples.len() + HOP;
@@ -101,9 +109,9 @@ impl Mel {
             padded[half + len + i] = padded[(half + len).saturating_sub(2 + i).max(half)];
         }
         // numpy's STFT gives len/HOP + 1 frames; the last is dropped.
-        let n_frames = (len / HOP).min(N_FRAMES);
+        let n_frames = (len / HOP).min(frames);
         let n_bins = N_FFT / 2 + 1;
-        let mut out = vec![0f32; N_MELS * N_FRAMES];
+        let mut out = vec![0f32; N_MELS * frames];
         let mut buf = vec![Complex32::new(0.0, 0.0); N_FFT];
         let mut power = vec![0f32; n_bins];
         let mut scratch = vec![Complex32::new(0.0, 0.0); self.fft.get_inplace_scratch_len()];
@@ -121,14 +129,14 @@ impl Mel {
                 let e: f32 = filt.iter().zip(&power).map(|(a, b)| a * b).sum();
                 let v = e.max(1e-10).log10();
                 peak = peak.max(v);
-                out[m * N_FRAMES + frame] = v;
+                out[m * frames + frame] = v;
             }
         }
         // faster-whisper then treats all but the last frame as content (`content_frames =
         // n_frames - 1`) and zero-fills the window after it.
         let content = n_frames.saturating_sub(1);
         for m in 0..N_MELS {
-            let row = &mut out[m * N_FRAMES..(m + 1) * N_FRAMES];
+            let row = &mut out[m * frames..(m + 1) * frames];
             for (i, v) in row.iter_mut().enumerate() {
                 *v = if i < content { (v.max(peak - 8.0) + 4.0) / 4.0 } else { 0.0 };
             }
@@ -254,5 +262,18 @@ mod tests {
         // Clamped at the window's peak − 8 (in log10), then divided by 4: a spread of 2 at most.
         let (lo, hi) = short.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
         assert!(short.iter().all(|v| v.is_finite()) && hi - lo <= 2.0 + 1e-5, "{lo}..{hi}");
+    }
+
+    #[test]
+    fn a_shorter_window_is_the_30_s_windows_first_columns() {
+        let mel = Mel::new();
+        let tone: Vec<f32> = (0..2 * SAMPLE_RATE)
+            .map(|i| (2.0 * std::f32::consts::PI * 440.0 * i as f32 / SAMPLE_RATE as f32).sin() * 0.5)
+            .collect();
+        let (full, short) = (mel.compute(&tone), mel.compute_frames(&tone, 500));
+        assert_eq!(short.len(), N_MELS * 500);
+        for m in 0..N_MELS {
+            assert_eq!(&short[m * 500..(m + 1) * 500], &full[m * N_FRAMES..m * N_FRAMES + 500]);
+        }
     }
 }
