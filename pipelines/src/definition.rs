@@ -67,6 +67,10 @@ pub struct Pipeline {
     /// Guard checks reuse the cached KV of their fixed instructions.
     #[serde(default = "yes")]
     pub prefix_cache: bool,
+    /// The output guard's first unit is the reply's first clause (cut at `,` `;` `:` after four
+    /// words) when it ends before the first sentence: a spoken reply starts sooner.
+    #[serde(default)]
+    pub first_clause: bool,
     #[serde(rename = "stage")]
     pub stages: Vec<Stage>,
 }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::definition::Pipeline;
 use crate::guard::{parse_categories, Check, GuardPolicy, Label};
 use crate::session::Sessions;
-use crate::split::first_sentence;
+use crate::split::{first_clause, first_sentence};
 use kazeia_engine::api::{
     ChatMessage, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,
 };
@@ -347,7 +347,14 @@ pub async fn run_turn(
                         pending_text.push_str(&text);
                         pending.push_back(text);
                         if output_guard.is_some() {
-                            while let Some(n) = first_sentence(&pending_text[queued_bytes..]) {
+                            loop {
+                                // The reply's first unit may be a clause (a spoken reply's
+                                // first sound sooner); every later one is a sentence.
+                                let first = pipeline.first_clause && released.is_empty() && queued.is_empty();
+                                let rest = &pending_text[queued_bytes..];
+                                let Some(n) = (if first { first_clause(rest) } else { first_sentence(rest) }) else {
+                                    break;
+                                };
                                 queued.push_back(queued_bytes + n);
                                 queued_bytes += n;
                             }

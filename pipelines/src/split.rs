@@ -1,5 +1,7 @@
 //! Sentence boundaries in streamed text: a sentence ends at `.`, `!`, `?` or `…` followed by
 //! white space, or at a line break. Very short pieces ("1.", "M.") are joined to what follows.
+//! A spoken reply's first unit may be a clause (see [`first_clause`]): its audio can start
+//! before the whole first sentence is written and checked.
 
 const MIN_CHARS: usize = 12;
 
@@ -22,6 +24,32 @@ pub fn first_sentence(text: &str) -> Option<usize> {
         }
     }
     None
+}
+
+/// Words a first clause needs: "Oui, …" or "Well, …" alone is no unit worth a guard check.
+const MIN_CLAUSE_WORDS: usize = 4;
+
+/// Byte length of the first complete clause or sentence in `text` (trailing white space
+/// included): a sentence as [`first_sentence`], or a clause ending at `,`, `;` or `:` followed
+/// by white space after at least four words, whichever ends first.
+pub fn first_clause(text: &str) -> Option<usize> {
+    let sentence = first_sentence(text);
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let end = i + c.len_utf8();
+        if sentence.is_some_and(|s| end >= s) {
+            break;
+        }
+        let boundary = matches!(c, ',' | ';' | ':') && chars.peek().is_some_and(|(_, n)| n.is_whitespace());
+        if boundary
+            && text[..end].split_whitespace().count() >= MIN_CLAUSE_WORDS
+            && text[..end].trim().chars().count() >= MIN_CHARS
+        {
+            let rest = &text[end..];
+            return Some(end + rest.len() - rest.trim_start().len());
+        }
+    }
+    sentence
 }
 
 /// The sentences of a complete text (the last one may lack its end mark), trimmed, none empty.
@@ -63,5 +91,20 @@ mod tests {
             first_sentence("Oui ! C'est bien Paris, la capitale.\nSuite"),
             Some("Oui ! C'est bien Paris, la capitale.\n".len())
         );
+    }
+
+    #[test]
+    fn a_first_clause_needs_four_words_and_ends_before_the_sentence() {
+        let t = "Well, the capital of France, as you know, is Paris. It is big";
+        let n = first_clause(t).unwrap();
+        assert_eq!(&t[..n], "Well, the capital of France, ");
+        // A sentence that ends before any clause does is the unit.
+        assert_eq!(first_clause("The capital is Paris. Yes, it is, truly."), Some("The capital is Paris. ".len()));
+        // Too few words before the comma: the sentence.
+        assert_eq!(first_clause("Oui, c'est Paris. Et puis"), Some("Oui, c'est Paris. ".len()));
+        assert_eq!(first_clause("Bien sûr : la capitale de la France est Paris"), None);
+        assert_eq!(first_clause("La capitale de la France : Paris"), Some("La capitale de la France : ".len()));
+        // No white space after the mark yet: the clause may go on ("3,5").
+        assert_eq!(first_clause("It costs about 3,"), None);
     }
 }

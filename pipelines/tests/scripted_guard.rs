@@ -34,6 +34,8 @@ struct Scripted {
     thinker_messages: Mutex<Vec<ChatMessage>>,
     guard_saw: Mutex<String>,
     classified: AtomicU32,
+    /// The Thinker's reply, streamed a word at a time.
+    reply: Vec<String>,
 }
 
 impl Scripted {
@@ -46,7 +48,13 @@ impl Scripted {
             thinker_messages: Mutex::new(Vec::new()),
             guard_saw: Mutex::new(String::new()),
             classified: AtomicU32::new(0),
+            reply: SENTENCES.iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    fn replying(mut self, reply: &str) -> Scripted {
+        self.reply = vec![reply.to_string()];
+        self
     }
 }
 
@@ -60,8 +68,8 @@ impl Llm for Scripted {
         *self.thinker_cancel.lock().unwrap() = Some(cancel.clone());
         *self.thinker_messages.lock().unwrap() = request.messages.clone();
         let (tx, rx) = mpsc::unbounded_channel();
+        let tokens: Vec<String> = self.reply.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect();
         tokio::spawn(async move {
-            let tokens: Vec<String> = SENTENCES.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect();
             let mut generated = 0;
             for t in tokens {
                 // A decode step; a cancelled engine stops within one.
@@ -205,4 +213,33 @@ async fn the_think_stages_system_prompt_goes_to_the_thinker_only() {
     assert_eq!(asked.last().unwrap().role, "user", "{asked:?}");
     let saw = llm.guard_saw.lock().unwrap().clone();
     assert!(!saw.is_empty() && !saw.contains("Kazeia"), "the guard saw {saw:?}");
+}
+
+/// `first_clause`: the reply's first clause is the output guard's first unit, checked and
+/// released (as a `sentence`) before the rest of its sentence; every later unit is a sentence.
+/// Without it, the first unit is the whole first sentence.
+#[tokio::test]
+async fn the_first_clause_is_checked_and_released_first() {
+    let reply = "Well, the capital of France, as you know, is Paris. It is a big city.";
+    let stages = "[[stage]]\nkind = \"guard\"\nrole = \"guard\"\ncheck = \"input\"\n\
+                  [[stage]]\nkind = \"think\"\nrole = \"thinker\"\n\
+                  [[stage]]\nkind = \"guard\"\nrole = \"guard\"\ncheck = \"output\"\n";
+    for (first_clause, units) in [
+        (true, vec!["Well, the capital of France,", "as you know, is Paris.", "It is a big city."]),
+        (false, vec!["Well, the capital of France, as you know, is Paris.", "It is a big city."]),
+    ] {
+        let text = format!("first_clause = {first_clause}\n{stages}");
+        let pipeline = kazeia_pipelines::Pipeline::parse("v", "v.toml", &text).unwrap();
+        let llm = Scripted::new(|_, _| Label::Safe).replying(reply);
+        let events = turn_on(&llm, &pipeline).await;
+        let sentences: Vec<&str> = events
+            .iter()
+            .filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.as_str()) } else { None })
+            .collect();
+        assert_eq!(sentences, units, "first_clause = {first_clause}");
+        // One input check, then one output check per unit, each before its release.
+        assert_eq!(llm.classified.load(Ordering::SeqCst) as usize, 1 + units.len());
+        let verdicts = events.iter().filter(|e| matches!(e, Event::Verdict { .. })).count();
+        assert_eq!(verdicts, 1 + units.len(), "{events:?}");
+    }
 }
