@@ -74,6 +74,46 @@ impl From<DecodeError> for ComputeError {
     }
 }
 
+/// Speech first. While a [`SpeechHold`] lives (the speaker synthesising a reply's sentence), no
+/// decode starts: the user waits for that audio, and the sentences after it have the whole time
+/// it plays to be written (text comes 10-20 times faster than speech). On 2 cores the Thinker's
+/// and the guard's decodes beside Piper made the first sentence's synthesis 2.3 s instead of
+/// ~0.4 s alone (tools/bench-voice). A decode already running finishes; a hold never stops
+/// decodes for more than [`MAX_HOLD`] in a row.
+pub struct SpeechHold(());
+
+/// The longest a decode waits for speech (a stuck synthesis must not stop the engine).
+pub const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
+static HOLDS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static RELEASED: std::sync::Condvar = std::sync::Condvar::new();
+
+impl SpeechHold {
+    pub fn take() -> SpeechHold {
+        *HOLDS.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        SpeechHold(())
+    }
+}
+
+impl Drop for SpeechHold {
+    fn drop(&mut self) {
+        let mut n = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            RELEASED.notify_all();
+        }
+    }
+}
+
+/// Wait while speech holds the CPU (at most [`MAX_HOLD`]).
+fn wait_for_speech() {
+    let n = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
+    if *n == 0 {
+        return;
+    }
+    let _ = RELEASED.wait_timeout_while(n, MAX_HOLD, |n| *n > 0);
+}
+
 impl Compute {
     pub fn new(exclusive: bool) -> Compute {
         Compute { exclusive }
@@ -81,6 +121,7 @@ impl Compute {
 
     /// Decode `batch` in `ctx`: on the compute thread with `exclusive`, else right here.
     pub fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch<'_>) -> Result<(), ComputeError> {
+        wait_for_speech();
         if !self.exclusive {
             return ctx.decode(batch).map_err(ComputeError::from);
         }

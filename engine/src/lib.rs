@@ -8,6 +8,7 @@
 pub mod api;
 mod backend;
 mod compute;
+pub use compute::{SpeechHold, MAX_HOLD};
 mod error;
 mod generate;
 mod job;

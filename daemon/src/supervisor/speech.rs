@@ -13,7 +13,8 @@ use super::load::rss_bytes;
 use super::Supervisor;
 
 /// The speech models, shared by audio turns (one transcription at a time: ONNX sessions run
-/// with `&mut`). Voices load on first use, per language.
+/// with `&mut`). The voices of the languages a reply may be in load with the stack; any other
+/// on first use.
 pub struct SpeechStack {
     pub stt: Mutex<Transcriber>,
     /// The end-of-turn model (`[speech] turn`), asked by the listener at each pause; its own
@@ -60,14 +61,21 @@ impl SpeechStack {
             None => None,
         };
         let turn_placement = turn.as_ref().map(|t| t.placement.clone());
-        Ok(SpeechStack {
+        let stack = SpeechStack {
             stt: Mutex::new(stt),
             turn: turn.map(Mutex::new),
             stt_placement,
             vad_placement,
             turn_placement,
             voices: Mutex::new(Default::default()),
-        })
+        };
+        // The voices of the languages a reply may be in load with the stack, while the user is
+        // still speaking: loaded on first use, a Piper voice's load (~1.5 s here) fell between
+        // the end of their question and the first sound of the answer.
+        for lang in preloaded_voices(&c.speech) {
+            stack.voice(sup, &lang)?;
+        }
+        Ok(stack)
     }
 
     /// Synthesise with the voice of `language` (loaded on first use).
@@ -92,6 +100,23 @@ impl SpeechStack {
     }
 }
 
+/// The languages whose voices load with the stack: the fixed `language`, or the `languages`
+/// detection chooses among (every configured voice when that list is empty).
+pub fn preloaded_voices(s: &crate::config::SpeechConfig) -> Vec<String> {
+    let wanted: Vec<String> = match s.language.as_str() {
+        "auto" if s.languages.is_empty() => s.voices.keys().cloned().collect(),
+        "auto" => s.languages.iter().map(|l| s.reply_language(l)).collect(),
+        fixed => vec![s.reply_language(fixed)],
+    };
+    let mut out: Vec<String> = Vec::new();
+    for l in wanted {
+        if s.voices.contains_key(&l) && !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    out
+}
+
 impl Supervisor {
     /// The speech stack, loaded on first use and entered in the ledger as role `speech`
     /// (estimate: ONNX file size × the measured factor; then the measured RSS growth). It never
@@ -105,9 +130,19 @@ impl Supervisor {
         if let Some(s) = self.speech.lock().expect("speech").clone() {
             return Ok(s);
         }
-        // The STT row of the plan (file sizes only: no GGUF header is read here).
-        let need: u64 =
-            crate::plan::speech_plans(&self.config).iter().filter(|m| m.role == "stt").map(|m| m.total_bytes).sum();
+        // The STT row of the plan and the rows of the voices loaded with it (file sizes only: no
+        // GGUF header is read here).
+        let sp = &self.config.speech;
+        let voice_files: Vec<String> = preloaded_voices(sp)
+            .iter()
+            .filter_map(|l| sp.voices.get(l))
+            .map(|v| self.config.cache_path(std::path::Path::new(v)).display().to_string())
+            .collect();
+        let need: u64 = crate::plan::speech_plans(&self.config)
+            .iter()
+            .filter(|m| m.role == "stt" || (m.role == "tts" && voice_files.contains(&m.file)))
+            .map(|m| m.total_bytes)
+            .sum();
         let file = self.config.cache_path(&self.config.speech.stt).display().to_string();
         // Admitted and reserved under one lock, before the load: a language model loading
         // meanwhile sees these bytes as taken (the ledger never holds more than the budget).
@@ -259,9 +294,9 @@ impl Supervisor {
                 v.clone(),
                 None,
                 Some(if v.starts_with("espeak:") {
-                    "espeak-ng (CPU), loaded on first use".into()
+                    "espeak-ng (CPU)".into()
                 } else {
-                    "ONNX, loaded on first use".into()
+                    "ONNX, loaded with the speech stack (a reply language) or on first use".into()
                 }),
                 false,
             );

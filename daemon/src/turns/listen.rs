@@ -160,6 +160,9 @@ fn transcribe(
     let t = stt.transcribe(samples, language.as_deref(), &|| cancel.is_cancelled());
     drop(stt);
     let stt_ms = start.elapsed().as_secs_f64() * 1e3;
+    if let Ok(t) = &t {
+        tracing::debug!(stt_ms, encoder_ms = t.encoder_ms, decoder_ms = t.decoder_ms, tokens = t.tokens, "transcribed");
+    }
     match t {
         Ok(t) => Heard::Transcript(t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks }),
         Err(e) => Heard::Failed(e.code(), e.to_string()),

@@ -74,7 +74,16 @@ fn speak(
             return Ok(spoken);
         }
         let arrived = Instant::now();
+        // Speech first: no decode starts while the sentence is synthesised (see SpeechHold).
+        let hold = kazeia_engine::SpeechHold::take();
         let (samples, r) = stack.say(sup, language, &sentence)?;
+        drop(hold);
+        tracing::debug!(
+            chars = sentence.len(),
+            ms = arrived.elapsed().as_secs_f64() * 1e3,
+            audio_s = samples.len() as f64 / f64::from(r),
+            "synthesised"
+        );
         rate = r;
         for chunk in samples.chunks((r as usize / 10).max(1)) {
             if cancel.is_cancelled() {

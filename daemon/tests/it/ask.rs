@@ -118,9 +118,11 @@ fn speech_through_the_daemon_from_the_cli() {
     let dir = tempfile::tempdir().unwrap();
     let wav = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
 
-    // The speech roles `status` lists load and unload by name.
+    // The speech roles `status` lists load and unload by name; the voices of the reply
+    // languages (here English's Piper voice) load with the stack.
     for (args, code, says) in [
         (&["load", "stt"][..], 0, "loaded stt"),
+        (&["unload", "tts-en"][..], 0, "unloaded tts-en"),
         (&["unload", "tts-en"][..], 1, "not loaded"),
         (&["load", "tts-en"][..], 0, "loaded tts-en"),
         (&["unload", "tts-en"][..], 0, "unloaded tts-en"),
