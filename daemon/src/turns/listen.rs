@@ -265,8 +265,9 @@ fn listen(
                         waiting = Some((silence, pos + pause_n));
                     }
                     // Speech after a pause too short for the VAD to call an utterance (a
-                    // click, a breath): the silence counts again from here.
-                    None if speaking && model.is_some() && !vad.in_speech() => waiting = Some((pos, pos)),
+                    // click, a breath): the silence counts again from here. Before any pause
+                    // (no verdict asked yet) a lone click ends nothing: listening goes on.
+                    None if checks > 0 && !vad.in_speech() => waiting = Some((pos, pos)),
                     _ => {}
                 },
                 Err(e) => {

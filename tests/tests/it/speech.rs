@@ -246,3 +246,36 @@ print(float(np.abs(ref - ours).max()))";
     let diff: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert!(diff < 1e-3, "largest difference {diff}");
 }
+
+/// Text that starts like a command-line option (a markdown list item, a dash) is spoken whole:
+/// the voices get their text on stdin, never as arguments. Before, `speak --text="- Paris is
+/// the capital of France."` gave 0.3 s of audio. Each is as long as the same text without its
+/// dash; the English ones are heard back by Whisper (espeak-ng's French is poor for Whisper
+/// base whatever the text: its length is the check there).
+#[test]
+fn text_starting_with_a_dash_is_spoken_whole() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let piper = c.cache_path(Path::new(&c.speech.voices["en"]));
+    let mut en =
+        kazeia_daemon::speech::Piper::load(&piper, 2, kazeia_daemon::speech::Backend::Cpu).unwrap().without_noise();
+    let mut fr = voice_for(&c, "fr").unwrap();
+    let cases: [(&str, &str, &str); 3] = [
+        ("en", "- Paris is the capital of France.", "Paris is the capital of France."),
+        ("en", "--help me find the train station, please.", "help me find the train station, please."),
+        ("fr", "- Paris est la capitale de la France.", "Paris est la capitale de la France."),
+    ];
+    for (lang, text, plain) in cases {
+        let voice: &mut dyn Voice = if lang == "en" { &mut en } else { fr.as_mut() };
+        let (clip, whole) = (speak(voice, text), speak(voice, plain));
+        eprintln!("{text:?}: {} samples, {plain:?}: {}", clip.len(), whole.len());
+        assert!(clip.len() * 5 >= whole.len() * 4, "{text:?}: {} samples against {}", clip.len(), whole.len());
+        if lang == "en" {
+            let heard = stt.transcribe(&clip, Some(lang), &|| false).unwrap().text;
+            let (e, n) = word_errors(plain, &heard);
+            eprintln!("{text:?} -> {heard:?} ({e}/{n})");
+            assert!(e * 4 <= n, "{text:?} was heard as {heard:?}");
+        }
+    }
+}
