@@ -88,6 +88,35 @@ impl Mel {
         Mel { fft, window, filters: mel_filters() }
     }
 
+    /// log10 of the mel energies of the first `n_frames` frames (hop HOP, Hann window) of
+    /// `padded` (already padded for a centred STFT), as [N_MELS × `width`] row-major with zeros
+    /// after them, and the largest value (the clamp's reference).
+    fn log_mel(&self, padded: &[f32], n_frames: usize, width: usize) -> (Vec<f32>, f32) {
+        let n_bins = N_FFT / 2 + 1;
+        let mut out = vec![0f32; N_MELS * width];
+        let mut buf = vec![Complex32::new(0.0, 0.0); N_FFT];
+        let mut power = vec![0f32; n_bins];
+        let mut scratch = vec![Complex32::new(0.0, 0.0); self.fft.get_inplace_scratch_len()];
+        let mut peak = f32::MIN;
+        for frame in 0..n_frames {
+            let start = frame * HOP;
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = Complex32::new(padded[start + i] * self.window[i], 0.0);
+            }
+            self.fft.process_with_scratch(&mut buf, &mut scratch);
+            for (p, c) in power.iter_mut().zip(&buf[..n_bins]) {
+                *p = c.norm_sqr();
+            }
+            for (m, filt) in self.filters.iter().enumerate() {
+                let e: f32 = filt.iter().zip(&power).map(|(a, b)| a * b).sum();
+                let v = e.max(1e-10).log10();
+                peak = peak.max(v);
+                out[m * width + frame] = v;
+            }
+        }
+        (out, peak)
+    }
+
     /// Log-mel of up to 30 s of 16 kHz mono samples, as [N_MELS × N_FRAMES] row-major.
     pub fn compute(&self, samples: &[f32]) -> Vec<f32> {
         self.compute_frames(samples, N_FRAMES)
@@ -110,28 +139,7 @@ impl Mel {
         }
         // numpy's STFT gives len/HOP + 1 frames; the last is dropped.
         let n_frames = (len / HOP).min(frames);
-        let n_bins = N_FFT / 2 + 1;
-        let mut out = vec![0f32; N_MELS * frames];
-        let mut buf = vec![Complex32::new(0.0, 0.0); N_FFT];
-        let mut power = vec![0f32; n_bins];
-        let mut scratch = vec![Complex32::new(0.0, 0.0); self.fft.get_inplace_scratch_len()];
-        let mut peak = f32::MIN;
-        for frame in 0..n_frames {
-            let start = frame * HOP;
-            for (i, b) in buf.iter_mut().enumerate() {
-                *b = Complex32::new(padded[start + i] * self.window[i], 0.0);
-            }
-            self.fft.process_with_scratch(&mut buf, &mut scratch);
-            for (p, c) in power.iter_mut().zip(&buf[..n_bins]) {
-                *p = c.norm_sqr();
-            }
-            for (m, filt) in self.filters.iter().enumerate() {
-                let e: f32 = filt.iter().zip(&power).map(|(a, b)| a * b).sum();
-                let v = e.max(1e-10).log10();
-                peak = peak.max(v);
-                out[m * frames + frame] = v;
-            }
-        }
+        let (mut out, peak) = self.log_mel(&padded, n_frames, frames);
         // faster-whisper then treats all but the last frame as content (`content_frames =
         // n_frames - 1`) and zero-fills the window after it.
         let content = n_frames.saturating_sub(1);
@@ -176,29 +184,8 @@ impl Mel {
             padded[j] = x[half - j];
             padded[half + TURN_SAMPLES + j] = x[TURN_SAMPLES - 2 - j];
         }
-        let n_bins = N_FFT / 2 + 1;
-        let mut out = vec![0f32; N_MELS * TURN_FRAMES];
-        let mut buf = vec![Complex32::new(0.0, 0.0); N_FFT];
-        let mut power = vec![0f32; n_bins];
-        let mut scratch = vec![Complex32::new(0.0, 0.0); self.fft.get_inplace_scratch_len()];
-        let mut peak = f32::MIN;
         // 801 frames; the 801st is dropped.
-        for frame in 0..TURN_FRAMES {
-            let start = frame * HOP;
-            for (i, b) in buf.iter_mut().enumerate() {
-                *b = Complex32::new(padded[start + i] * self.window[i], 0.0);
-            }
-            self.fft.process_with_scratch(&mut buf, &mut scratch);
-            for (p, c) in power.iter_mut().zip(&buf[..n_bins]) {
-                *p = c.norm_sqr();
-            }
-            for (m, filt) in self.filters.iter().enumerate() {
-                let e: f32 = filt.iter().zip(&power).map(|(a, b)| a * b).sum();
-                let v = e.max(1e-10).log10();
-                peak = peak.max(v);
-                out[m * TURN_FRAMES + frame] = v;
-            }
-        }
+        let (mut out, peak) = self.log_mel(&padded, TURN_FRAMES, TURN_FRAMES);
         for v in &mut out {
             *v = (v.max(peak - 8.0) + 4.0) / 4.0;
         }
