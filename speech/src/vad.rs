@@ -68,7 +68,8 @@ pub struct Vad {
 
 const SR: usize = 16_000;
 
-fn samples(d: Duration) -> usize {
+/// Samples of 16 kHz audio in `d`.
+pub fn samples(d: Duration) -> usize {
     (d.as_secs_f64() * SR as f64) as usize
 }
 

@@ -12,14 +12,14 @@
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
 use kazeia_ipc::{Client, Event, Incoming, TurnOptions};
-use kazeia_tools::median;
+use kazeia_tools::{median, Kill};
 
 #[derive(Parser)]
 struct Args {
@@ -139,14 +139,6 @@ fn without_penalty(config: &Path, role: &str) -> Result<String> {
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::main]

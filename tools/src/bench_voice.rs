@@ -25,7 +25,7 @@ use clap::Parser;
 use kazeia_daemon::config::Config;
 use kazeia_daemon::speech::{audio, Backend, Piper, Voice};
 use kazeia_ipc::{AudioFrame, AudioSpec, Client, Event, Frame, Incoming, Metrics, Request, TurnOptions};
-use kazeia_tools::median;
+use kazeia_tools::{median, Kill};
 
 #[derive(Parser)]
 struct Args {
@@ -222,14 +222,6 @@ impl Drop for Reference {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

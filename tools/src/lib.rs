@@ -13,3 +13,14 @@ pub fn median(mut v: Vec<f64>) -> f64 {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
+
+/// A child process (a daemon, a reference server) killed and reaped when the bench ends,
+/// however it ends.
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -204,7 +204,7 @@ fn listen(
     let pad = 1_600; // 100 ms kept before the VAD's onset
     let mut recent: Vec<f32> = Vec::new();
     let ms = |n: usize| n as f64 / 16.0;
-    let (pause_n, max_n) = (samples(pause), samples(s.turn_max_silence));
+    let (pause_n, max_n) = (vad::samples(pause), vad::samples(s.turn_max_silence));
     // Samples heard so far; while the model said "not yet": where the silence began, and when
     // to ask again.
     let mut pos = 0usize;
@@ -314,8 +314,4 @@ fn listen(
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-}
-
-fn samples(d: Duration) -> usize {
-    (d.as_secs_f64() * 16_000.0) as usize
 }
