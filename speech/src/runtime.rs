@@ -117,8 +117,27 @@ impl Drop for NamedForOrt {
     }
 }
 
+/// Whether a model's tensors have the same shapes at every run, which decides its allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shapes {
+    /// Same shapes every run (Whisper's encoder on its 30 s window, Smart Turn's 8 s, the VAD's
+    /// chunk): ONNX Runtime's CPU arena. It grows once to one run's working set and is reused,
+    /// where the system allocator gave every run's big tensors back and faulted them in again:
+    /// Whisper-base's encoder took 955–1046 ms a run without the arena, 634–689 ms with it, and
+    /// peaked lower (316 against 510 MB over the process; onnxruntime 1.32, 2 threads, here).
+    Fixed,
+    /// Shapes that grow with the input (Whisper's decoder over its cache, Piper over a sentence):
+    /// no arena, since it keeps the largest run's size for good.
+    Varying,
+}
+
 /// Open `path` with `threads` intra-op threads on the execution provider `backend` asks for.
-pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session, Placement), SpeechError> {
+pub fn session(
+    path: &Path,
+    threads: usize,
+    backend: Backend,
+    shapes: Shapes,
+) -> Result<(Session, Placement), SpeechError> {
     if !path.is_file() {
         return Err(SpeechError::Missing(path.into()));
     }
@@ -158,11 +177,12 @@ pub fn session(path: &Path, threads: usize, backend: Backend) -> Result<(Session
             }
         }
     }
-    // No CPU arena and no memory pattern: the arena grows by doubling to the largest shapes any
-    // run has seen (Whisper's decoder over a growing cache, Piper over long sentences) and never
-    // gives back, so a voice daemon's RSS crept ~550 MB over its loaded size within a few
-    // turns (1,350 MiB peak for a 776 MiB stack); freed tensors go back to the system instead.
-    let cpu = ort::ep::CPU::default().with_arena_allocator(false).build();
+    // No memory pattern, and no CPU arena for varying shapes: the arena grows by doubling to the
+    // largest shapes any run has seen (Whisper's decoder over a growing cache, Piper over long
+    // sentences) and never gives back, so a voice daemon's RSS crept ~550 MB over its loaded
+    // size within a few turns (1,350 MiB peak for a 776 MiB stack); their freed tensors go back
+    // to the system instead. Fixed shapes keep the arena: see [`Shapes::Fixed`].
+    let cpu = ort::ep::CPU::default().with_arena_allocator(shapes == Shapes::Fixed).build();
     let s = builder()?
         .with_execution_providers([cpu])
         .map_err(|e| bad(e.to_string()))?

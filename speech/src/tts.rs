@@ -10,7 +10,7 @@ use ndarray::{Array1, Array2};
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use crate::runtime::{session, Placement, SpeechError};
+use crate::runtime::{session, Placement, Shapes, SpeechError};
 use kazeia_memory_budget::Backend;
 
 /// A voice: text in, mono samples at `sample_rate()` out.
@@ -165,7 +165,7 @@ impl Piper {
         let text = std::fs::read_to_string(&json).map_err(|_| SpeechError::Missing(json.clone()))?;
         let config: PiperConfig =
             serde_json::from_str(&text).map_err(|e| SpeechError::BadModel { path: json, message: e.to_string() })?;
-        let (session, placement) = session(path, threads, backend)?;
+        let (session, placement) = session(path, threads, backend, Shapes::Varying)?;
         Ok(Piper { session, config, path: path.into(), placement })
     }
 

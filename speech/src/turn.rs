@@ -15,7 +15,7 @@ use ort::session::Session;
 use ort::value::TensorRef;
 
 use crate::mel::{Mel, N_MELS, TURN_FRAMES};
-use crate::runtime::{session, Placement, SpeechError};
+use crate::runtime::{session, Placement, Shapes, SpeechError};
 use kazeia_memory_budget::Backend;
 
 pub struct EndOfTurn {
@@ -27,7 +27,7 @@ pub struct EndOfTurn {
 impl EndOfTurn {
     /// One thread, as Pipecat runs it: a verdict is one pass over an 8 s window.
     pub fn load(path: &Path, backend: Backend) -> Result<EndOfTurn, SpeechError> {
-        let (session, placement) = session(path, 1, backend)?;
+        let (session, placement) = session(path, 1, backend, Shapes::Fixed)?;
         let bad = |message: String| SpeechError::BadModel { path: path.into(), message };
         let input = session.inputs().first().map(|i| i.name().to_string());
         if input.as_deref() != Some("input_features") {

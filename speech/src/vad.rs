@@ -10,7 +10,7 @@ use ndarray::{Array0, Array2, Array3};
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use crate::runtime::{session, Placement, SpeechError};
+use crate::runtime::{session, Placement, Shapes, SpeechError};
 use kazeia_memory_budget::Backend;
 
 pub const CHUNK: usize = 512;
@@ -76,7 +76,7 @@ pub fn samples(d: Duration) -> usize {
 impl Vad {
     pub fn load(path: &Path, backend: Backend, params: VadParams) -> Result<Vad, SpeechError> {
         // One thread: a 32 ms chunk takes ~0.2 ms; more threads only cost wake-ups.
-        let (session, placement) = session(path, 1, backend)?;
+        let (session, placement) = session(path, 1, backend, Shapes::Fixed)?;
         Ok(Vad {
             session,
             state: Array3::zeros((2, 1, 128)),

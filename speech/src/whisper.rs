@@ -10,7 +10,7 @@ use ort::session::Session;
 use ort::value::TensorRef;
 
 use crate::mel::{Mel, HOP, N_FRAMES, N_MELS};
-use crate::runtime::{session, Placement, SpeechError};
+use crate::runtime::{session, Placement, Shapes, SpeechError};
 use kazeia_memory_budget::Backend;
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -106,8 +106,8 @@ impl Whisper {
                 message: format!("{} tokens, the model has {}", vocab.len(), meta.vocab_size),
             });
         }
-        let (encoder, placement) = session(&dir.join("encoder.onnx"), threads, backend)?;
-        let (decoder, _) = session(&dir.join("decoder.onnx"), threads, backend)?;
+        let (encoder, placement) = session(&dir.join("encoder.onnx"), threads, backend, Shapes::Fixed)?;
+        let (decoder, _) = session(&dir.join("decoder.onnx"), threads, backend, Shapes::Varying)?;
         // Encoders converted before the length-dynamic graph take exactly 3000 frames.
         let dynamic = encoder
             .inputs()
