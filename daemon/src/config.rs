@@ -269,6 +269,11 @@ pub struct SpeechConfig {
     /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
     #[serde(deserialize_with = "de_duration")]
     pub turn_max_silence: Duration,
+    /// While the user speaks, a partial transcript (`final: false`) after each `partial_every`
+    /// of new speech; `"0s"` sends none. Each is a Whisper run (~0.8 s of both cores here)
+    /// while the daemon would otherwise wait.
+    #[serde(deserialize_with = "de_duration")]
+    pub partial_every: Duration,
     /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.
     pub voices: std::collections::BTreeMap<String, String>,
     /// Language of replies whose language cannot be told (`en`, `fr`).
@@ -291,6 +296,7 @@ impl Default for SpeechConfig {
             turn_threshold: 0.5,
             // Pipecat's fallback `stop_secs`.
             turn_max_silence: Duration::from_secs(3),
+            partial_every: Duration::from_secs(2),
             // No French neural voice ships in the registries: espeak-ng speaks French.
             voices: [
                 ("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()),

@@ -215,13 +215,17 @@ pub enum Event {
         id: Option<String>,
         text: String,
     },
-    /// What speech-to-text heard.
+    /// What speech-to-text heard. `final: false`: a partial transcript of the speech heard so
+    /// far, while the user may still be speaking (it may change); one `final: true` follows,
+    /// the text the turn answers.
     Transcript {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<String>,
         text: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         language: Option<String>,
+        #[serde(rename = "final", default = "absent_final")]
+        is_final: bool,
     },
     /// A piece of the Thinker's reasoning, for a turn that asked for it (`show_thinking`):
     /// never part of the reply; on guarded pipelines released sentence by sentence after the
@@ -253,12 +257,13 @@ pub enum Event {
         /// `false` when the request `id` names (if one runs) goes on: the error is about one
         /// frame or a second request under a running id (`duplicate_id`, `bad_frame`,
         /// `no_audio_request`, an audio overrun's `busy`). Every other error ends its request.
-        #[serde(rename = "final", default = "ends_request")]
+        #[serde(rename = "final", default = "absent_final")]
         is_final: bool,
     },
 }
 
-fn ends_request() -> bool {
+/// An `error` or `transcript` without `final` (from a daemon before the field): final.
+fn absent_final() -> bool {
     true
 }
 

@@ -13,7 +13,7 @@ pub mod whisper;
 
 use std::time::Duration;
 
-pub use runtime::{placement, Placement, SpeechError};
+pub use runtime::{placement, Placement, SpeechError, Stop};
 pub use tts::{Espeak, Piper, Voice};
 pub use turn::EndOfTurn;
 pub use vad::{Segment, Vad, VadEvent, VadParams};
@@ -83,6 +83,26 @@ impl Transcriber {
         language: Option<&str>,
         cancel: &dyn Fn() -> bool,
     ) -> Result<Transcript, SpeechError> {
+        self.run(audio, language, cancel, None)
+    }
+
+    /// As [`Transcriber::transcribe`], stopped by `stop` (inside the encoder too).
+    pub fn transcribe_until(
+        &mut self,
+        audio: &[f32],
+        language: Option<&str>,
+        stop: &Stop,
+    ) -> Result<Transcript, SpeechError> {
+        self.run(audio, language, &|| stop.is_stopped(), Some(stop))
+    }
+
+    fn run(
+        &mut self,
+        audio: &[f32],
+        language: Option<&str>,
+        cancel: &dyn Fn() -> bool,
+        stop: Option<&Stop>,
+    ) -> Result<Transcript, SpeechError> {
         let mut lang = language.map(str::to_string);
         let mut all =
             Transcript { text: String::new(), language: String::new(), tokens: 0, encoder_ms: 0.0, decoder_ms: 0.0 };
@@ -90,8 +110,13 @@ impl Transcriber {
             if cancel() {
                 break;
             }
-            let t =
-                self.whisper.transcribe_window(&audio[w.start..w.end], lang.as_deref(), &self.candidates, cancel)?;
+            let t = self.whisper.transcribe_window(
+                &audio[w.start..w.end],
+                lang.as_deref(),
+                &self.candidates,
+                cancel,
+                stop.map(Stop::options),
+            )?;
             lang.get_or_insert(t.language.clone());
             if !all.text.is_empty() && !t.text.is_empty() {
                 all.text.push(' ');

@@ -117,6 +117,37 @@ impl Drop for NamedForOrt {
     }
 }
 
+/// Stops a speech run from another thread: Whisper's decoder between tokens, and a run inside
+/// ONNX Runtime through its terminate flag, checked between the graph's nodes. A draft
+/// transcript of speech the user went on with is dropped this way mid-encoder, so that the
+/// transcription of the whole utterance does not wait ~0.7 s behind it.
+pub struct Stop {
+    stopped: std::sync::atomic::AtomicBool,
+    run: ort::session::RunOptions,
+}
+
+impl Stop {
+    pub fn new() -> Result<Stop, SpeechError> {
+        Ok(Stop { stopped: false.into(), run: ort::session::RunOptions::new()? })
+    }
+
+    pub fn stop(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        if let Err(e) = self.run.terminate() {
+            tracing::warn!("could not stop a speech run: {e}");
+        }
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The options a stoppable run passes to ONNX Runtime.
+    pub fn options(&self) -> &ort::session::RunOptions {
+        &self.run
+    }
+}
+
 /// Whether a model's tensors have the same shapes at every run, which decides its allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shapes {

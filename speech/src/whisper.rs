@@ -136,11 +136,19 @@ impl Whisper {
         frames.div_ceil(100).saturating_mul(100).min(N_FRAMES)
     }
 
-    fn encode(&mut self, samples: &[f32]) -> Result<Vec<ArrayD<f32>>, SpeechError> {
+    fn encode(
+        &mut self,
+        samples: &[f32],
+        options: Option<&ort::session::RunOptions>,
+    ) -> Result<Vec<ArrayD<f32>>, SpeechError> {
         let frames = self.window_frames(samples.len());
         let mel = Array3::from_shape_vec((1, N_MELS, frames), self.mel.compute_frames(samples, frames))
             .map_err(|e| SpeechError::Run(e.to_string()))?;
-        let out = self.encoder.run(ort::inputs!["mel" => TensorRef::from_array_view(&mel)?])?;
+        let inputs = ort::inputs!["mel" => TensorRef::from_array_view(&mel)?];
+        let out = match options {
+            Some(o) => self.encoder.run_with_options(inputs, o)?,
+            None => self.encoder.run(inputs)?,
+        };
         let mut cross = Vec::with_capacity(2 * self.meta.decoder_layers);
         for i in 0..self.meta.decoder_layers {
             for kv in ["k", "v"] {
@@ -187,16 +195,18 @@ impl Whisper {
     /// Transcribe up to 30 s of 16 kHz mono audio. `language`: a Whisper code (`fr`, `en`, …)
     /// or None to detect it among `candidates` (all of Whisper's when empty: a French-first app
     /// says `["fr", "en"]`, so that robotic or accented French is not heard as Thai).
-    /// `cancel` is checked between tokens.
+    /// `cancel` is checked between tokens; `encoder_options` (a [`crate::Stop`]'s) can stop the
+    /// encoder's run.
     pub fn transcribe_window(
         &mut self,
         samples: &[f32],
         language: Option<&str>,
         candidates: &[String],
         cancel: &dyn Fn() -> bool,
+        encoder_options: Option<&ort::session::RunOptions>,
     ) -> Result<Transcript, SpeechError> {
         let t0 = std::time::Instant::now();
-        let cross = self.encode(samples)?;
+        let cross = self.encode(samples, encoder_options)?;
         let encoder_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = std::time::Instant::now();
         let mut past = self.empty_cache();
@@ -240,11 +250,7 @@ impl Whisper {
                 break;
             }
             out.push(tok);
-            // A loop that repeats the same 4 tokens 4 times is a hallucination: stop.
-            if out.len() >= 16
-                && out[out.len() - 16..out.len() - 12].iter().eq(out[out.len() - 4..].iter())
-                && out[out.len() - 12..out.len() - 8].iter().eq(out[out.len() - 4..].iter())
-            {
+            if looping(&out) {
                 break;
             }
             logits = self.step(tok, position, &mut past, &cross)?;
@@ -259,5 +265,35 @@ impl Whisper {
             encoder_ms,
             decoder_ms: t1.elapsed().as_secs_f64() * 1e3,
         })
+    }
+}
+
+/// A hallucination loop: the output ends with a run of 1 to 8 tokens repeated four times
+/// ("oume-oume-oume-…", three tokens a turn, ran to the 220-token cap on an espeak-ng clip
+/// before; the old check caught only runs of 1, 2 or 4 tokens). Speech says a word four
+/// times over more rarely than a decoder loops.
+fn looping(out: &[u32]) -> bool {
+    (1..=8).any(|p| {
+        out.len() >= 4 * p && {
+            let last = &out[out.len() - p..];
+            (2..=4).all(|k| &out[out.len() - k * p..out.len() - (k - 1) * p] == last)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::looping;
+
+    #[test]
+    fn loops_of_any_short_period_are_caught() {
+        assert!(looping(&[9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]));
+        assert!(looping(&[5, 5, 5, 5]));
+        assert!(looping(&[1, 2, 3, 4, 5, 6, 7, 8].repeat(4)));
+        // Three times is not a loop yet; nor is a longer period, or a changed turn.
+        assert!(!looping(&[1, 2, 3, 1, 2, 3, 1, 2, 3]));
+        assert!(!looping(&(1..=9).collect::<Vec<u32>>().repeat(4)));
+        assert!(!looping(&[1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3]));
+        assert!(!looping(&[]));
     }
 }

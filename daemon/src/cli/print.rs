@@ -121,6 +121,7 @@ impl Printer {
                 noteln!("[{stage} guard, {ms:.0} ms]");
             }
             Event::Verdict { stage, label, ms, .. } => noteln!("[{stage} guard: {label}, {ms:.0} ms]"),
+            Event::Transcript { text, is_final: false, .. } => noteln!("[hearing: {text}]"),
             Event::Transcript { text, .. } if self.transcript_out => outln!("{text}"),
             Event::Transcript { text, .. } => noteln!("[heard: {text}]"),
             Event::LoadProgress { role, progress, .. } => self.progress(role, *progress),

@@ -189,7 +189,7 @@ async fn voice(c: &Client, clip: &Clip, options: TurnOptions, plan: &Plan, count
     let (mut heard, mut audio, mut last_audio) = (false, 0u32, false);
     let end = loop {
         match rx.recv().await {
-            Some(Incoming::Event(Event::Transcript { .. })) => heard = true,
+            Some(Incoming::Event(Event::Transcript { is_final: true, .. })) => heard = true,
             Some(Incoming::Event(ev @ (Event::Done { .. } | Event::Error { is_final: true, .. }))) => break ev,
             Some(Incoming::Event(_)) => {}
             Some(Incoming::Audio(a)) => {

@@ -22,6 +22,7 @@ use ringbuf::{HeapCons, HeapProd, HeapRb};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::draft::Draft;
 use crate::speech::{audio, vad, Transcript, Vad, VadEvent, VadParams};
 use crate::supervisor::Supervisor;
 
@@ -102,13 +103,22 @@ impl Task {
     }
 }
 
-/// Listen to a stream: the transcript comes through the receiver; the task then watches for
-/// barge-in, cancelling `turn` when the user speaks again, until stopped.
-pub fn start(sup: Arc<Supervisor>, ring: Ring, turn: CancellationToken) -> (oneshot::Receiver<Heard>, Task) {
+/// Where partial transcripts go while the user speaks.
+pub type Partial = Box<dyn Fn(&Transcript) + Send>;
+
+/// Listen to a stream: partial transcripts go to `partial`, the transcript comes through the
+/// receiver; the task then watches for barge-in, cancelling `turn` when the user speaks again,
+/// until stopped.
+pub fn start(
+    sup: Arc<Supervisor>,
+    ring: Ring,
+    turn: CancellationToken,
+    partial: Partial,
+) -> (oneshot::Receiver<Heard>, Task) {
     let (tx, rx) = oneshot::channel();
     let stop = CancellationToken::new();
     let s = stop.clone();
-    let handle = tokio::task::spawn_blocking(move || listen(&sup, ring, &turn, &s, tx));
+    let handle = tokio::task::spawn_blocking(move || listen(&sup, ring, &turn, &s, tx, &partial));
     (rx, Task { stop, handle })
 }
 
@@ -141,10 +151,7 @@ fn transcribe(
         Ok(s) => s,
         Err(e) => return Heard::Failed(e.code(), e.to_string()),
     };
-    let language = match sup.config.speech.language.as_str() {
-        "auto" => None,
-        l => Some(l.to_string()),
-    };
+    let language = language(sup);
     let start = Instant::now();
     let mut stt = stack.stt.lock().expect("stt");
     let speech = match speech {
@@ -169,13 +176,23 @@ fn transcribe(
     }
 }
 
-/// VAD over the ring until the utterance ends, then Whisper; then barge-in until `stop`.
+/// The language Whisper is told (None: it detects).
+fn language(sup: &Supervisor) -> Option<String> {
+    match sup.config.speech.language.as_str() {
+        "auto" => None,
+        l => Some(l.to_string()),
+    }
+}
+
+/// VAD over the ring until the utterance ends, with drafts of the transcript on the way (see
+/// `draft`), then the transcript; then barge-in until `stop`.
 fn listen(
     sup: &Supervisor,
     mut ring: Ring,
     turn: &CancellationToken,
     stop: &CancellationToken,
     heard: oneshot::Sender<Heard>,
+    partial: &Partial,
 ) {
     // The speech models load (once per daemon) while the user is still speaking.
     let stack = match sup.speech() {
@@ -210,6 +227,19 @@ fn listen(
     let mut pos = 0usize;
     let mut waiting: Option<(usize, usize)> = None;
     let mut checks = 0u32;
+    // The latest draft transcript, and whether speech began after it started (then the
+    // transcript of the turn cannot be it).
+    let mut draft: Option<Draft> = None;
+    let mut spoke_since_draft = false;
+    let partial_n = vad::samples(s.partial_every);
+    let lang = language(sup);
+    let new_draft = |utterance: &[f32]| match Draft::start(stack.clone(), utterance.to_vec(), lang.clone()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!("{e}");
+            None
+        }
+    };
     // Is the utterance a finished turn? A model that fails ends the turn (as silence would).
     let complete = |utterance: &[f32], checks: &mut u32| -> bool {
         let Some(m) = model else { return true };
@@ -232,6 +262,11 @@ fn listen(
             let _ = heard.send(Heard::Failed(ErrorCode::Cancelled, "cancelled".into()));
             return;
         }
+        if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
+            if !t.text.is_empty() {
+                partial(t);
+            }
+        }
         if ring.consumer.occupied_len() >= vad::CHUNK {
             ring.consumer.pop_slice(&mut chunk);
             pos += vad::CHUNK;
@@ -248,9 +283,17 @@ fn listen(
                     utterance = std::mem::take(&mut recent);
                 }
                 // The user went on after a pause: the same utterance, no verdict pending.
-                Ok(Some(VadEvent::SpeechStart(_))) => waiting = None,
+                Ok(Some(VadEvent::SpeechStart(_))) => {
+                    waiting = None;
+                    spoke_since_draft = true;
+                }
                 Ok(Some(VadEvent::SpeechEnd(seg))) => {
                     let silence = vad.silence_start(&seg);
+                    // The transcript starts now, beside the verdict; an older draft stops
+                    // first (it holds the transcriber).
+                    drop(draft.take());
+                    draft = new_draft(&utterance);
+                    spoke_since_draft = false;
                     if complete(&utterance, &mut checks) {
                         break Some(silence);
                     }
@@ -268,6 +311,16 @@ fn listen(
                     // click, a breath): the silence counts again from here. Before any pause
                     // (no verdict asked yet) a lone click ends nothing: listening goes on.
                     None if checks > 0 && !vad.in_speech() => waiting = Some((pos, pos)),
+                    // Speech goes on: a partial transcript after each `partial_every` of it,
+                    // one draft at a time.
+                    None if partial_n > 0
+                        && vad.in_speech()
+                        && !draft.as_ref().is_some_and(Draft::is_running)
+                        && utterance.len() >= draft.as_ref().map_or(0, |d| d.covers) + partial_n =>
+                    {
+                        draft = new_draft(&utterance);
+                        spoke_since_draft = true;
+                    }
                     _ => {}
                 },
                 Err(e) => {
@@ -293,7 +346,32 @@ fn listen(
     let waited = since.map_or(0, |at| pos.saturating_sub(at));
     let speech_end = Instant::now().checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or_else(Instant::now);
     let end_of_turn_ms = speech_end.elapsed().as_secs_f64() * 1e3;
-    let t = transcribe(sup, &utterance, Some(speaking), turn, speech_end, end_of_turn_ms, checks);
+    // The draft started at the pause that ended the turn is its transcript (what came after it
+    // is silence); else Whisper starts now.
+    let drafted = match draft.take() {
+        Some(d) if segment_end && !spoke_since_draft => {
+            let decided = Instant::now();
+            match d.wait() {
+                Ok((t, ready)) => {
+                    let stt_ms = ready.saturating_duration_since(decided).as_secs_f64() * 1e3;
+                    tracing::debug!(
+                        stt_ms,
+                        encoder_ms = t.encoder_ms,
+                        decoder_ms = t.decoder_ms,
+                        "transcribed (draft)"
+                    );
+                    Some(Heard::Transcript(t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks }))
+                }
+                Err(e) => {
+                    tracing::warn!("the draft transcription failed, transcribing again: {e}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let t = drafted
+        .unwrap_or_else(|| transcribe(sup, &utterance, Some(speaking), turn, speech_end, end_of_turn_ms, checks));
     let failed = matches!(t, Heard::Failed(..));
     let _ = heard.send(t);
     if failed || (!segment_end && ended(&ring)) {

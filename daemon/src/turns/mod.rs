@@ -7,6 +7,7 @@
 //! part of a turn — the blocking VAD/STT loop, the speaker — is awaited by the turn's own
 //! future, which the connection's task set (or `kazeia run`) owns: nothing outlives its turn.
 
+mod draft;
 pub mod listen;
 mod speaker;
 
@@ -61,7 +62,18 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let mut ending = None;
     let (text, language) = if turn.plan.transcribe {
         let (heard, task) = match audio {
-            Some(AudioSource::Stream(ring)) => listen::start(sup.clone(), ring, turn.cancel.clone()),
+            Some(AudioSource::Stream(ring)) => {
+                let (out, id) = (out.clone(), id.clone());
+                let partial: listen::Partial = Box::new(move |t| {
+                    out(Frame::event(&Event::Transcript {
+                        id: id.clone(),
+                        text: t.text.clone(),
+                        language: Some(t.language.clone()),
+                        is_final: false,
+                    }))
+                });
+                listen::start(sup.clone(), ring, turn.cancel.clone(), partial)
+            }
             Some(AudioSource::Complete(samples)) => listen::whole(sup.clone(), samples, turn.cancel.clone()),
             None => return error(ErrorCode::BadRequest, "an audio turn without audio".into()),
         };
@@ -80,7 +92,12 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
             }
             Err(_) => return error(ErrorCode::Engine, "the speech task stopped".into()),
         };
-        ev(Event::Transcript { id: id.clone(), text: heard.text.clone(), language: Some(heard.language.clone()) });
+        ev(Event::Transcript {
+            id: id.clone(),
+            text: heard.text.clone(),
+            language: Some(heard.language.clone()),
+            is_final: true,
+        });
         let language = sup.config.speech.reply_language(&heard.language);
         (heard.text, language)
     } else {

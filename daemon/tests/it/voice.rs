@@ -249,7 +249,7 @@ async fn status_answers_while_speech_loads_and_transcribes() {
         || {
             while let Ok(item) = rx.try_recv() {
                 match item {
-                    Incoming::Event(Event::Transcript { .. }) => heard = true,
+                    Incoming::Event(Event::Transcript { is_final, .. }) => heard |= is_final,
                     Incoming::Event(Event::Done { .. }) => {}
                     other => panic!("{other:?}"),
                 }
@@ -287,7 +287,8 @@ async fn a_ring_overrun_is_reported_once_and_the_turn_ends_cleanly() {
     loop {
         match tokio::time::timeout(common::HANG, rx.recv()).await.expect("the turn goes on").expect("open") {
             Incoming::Event(Event::Error { code, is_final: false, .. }) => seen.push(format!("{code:?}")),
-            Incoming::Event(Event::Transcript { .. }) => seen.push("transcript".into()),
+            Incoming::Event(Event::Transcript { is_final: true, .. }) => seen.push("transcript".into()),
+            Incoming::Event(Event::Transcript { is_final: false, .. }) => {}
             Incoming::Event(Event::Done { stop, .. }) => {
                 seen.push(format!("done {stop:?}"));
                 break;
@@ -363,8 +364,9 @@ async fn silence_is_no_speech() {
 
 /// A pause mid-sentence (a hesitation, 600 ms: three times the pause after which the
 /// end-of-turn model is asked) does not end the turn: the model says "not yet" at each check,
-/// the user goes on, and the turn ends with one transcript of the whole utterance. The audio
-/// is streamed without a `last` flag, as a microphone would.
+/// the user goes on, and the turn ends with one transcript of the whole utterance (partial ones
+/// before it, `final: false`, are the drafts of what was heard so far). The audio is streamed
+/// without a `last` flag, as a microphone would.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pause_mid_sentence_is_one_utterance() {
     let d = Daemon::start(&config_text());
@@ -384,16 +386,70 @@ async fn a_pause_mid_sentence_is_one_utterance() {
         send_audio(&c, &id, &vec![0.0; 1_600], false).await;
         while let Ok(item) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
             match item.expect("open") {
-                Incoming::Event(Event::Transcript { text, .. }) => transcripts.push(text),
+                Incoming::Event(Event::Transcript { text, is_final, .. }) => transcripts.push((text, is_final)),
                 Incoming::Event(Event::Done { metrics, .. }) => break 'turn metrics,
                 other => panic!("{other:?}\n{}", d.log()),
             }
         }
     };
     eprintln!("{transcripts:?} {metrics:?}");
-    assert_eq!(transcripts.len(), 1, "{transcripts:?}");
+    // One final transcript, the last.
+    let finals: Vec<_> = transcripts.iter().filter(|(_, f)| *f).map(|(t, _)| t.clone()).collect();
+    assert_eq!(finals.len(), 1, "{transcripts:?}");
+    assert!(transcripts.last().is_some_and(|(_, f)| *f), "{transcripts:?}");
+    let transcripts = finals;
     let whole = format!("{first} {second}");
     assert!(wer(&whole, &transcripts[0]) <= 0.25, "{:?} for {whole:?}", transcripts[0]);
     // Asked at the hesitation (and again while it lasted), then at the end.
     assert!(metrics.turn_checks >= Some(2), "{metrics:?}");
+}
+
+/// While the user speaks, partial transcripts (`final: false`) arrive before the end of the
+/// utterance; then one final transcript of the whole. 7 s of speech without a pause, streamed
+/// at the microphone's pace (100 ms frames, no `last` flag), with a partial asked after each
+/// second of new speech: a draft has ~6 s to arrive in time (it takes ~0.8 s here).
+#[tokio::test(flavor = "multi_thread")]
+async fn partial_transcripts_arrive_while_the_user_speaks() {
+    let d = Daemon::start(&format!("{}partial_every = \"1s\"\n", config_text()));
+    let c = d.client().await;
+    let text = "my brother lives in a small house near the river and every morning he walks along the \
+                water with his two dogs before he takes the train to the city";
+    let speech = spoken(text);
+    assert!(speech.len() >= 16_000 * 5, "{} s of speech", speech.len() / 16_000);
+    let (id, mut rx) = start(&c, "transcribe").await;
+    let mut events: Vec<(String, bool, bool)> = Vec::new(); // text, final, before the last speech frame
+    let mut speech_sent = false;
+    let mut frames = speech.chunks(1_600).map(<[f32]>::to_vec).collect::<Vec<_>>().into_iter();
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
+        // The next 100 ms of speech, then microphone silence until the turn ends.
+        let frame = frames.next().unwrap_or_else(|| {
+            speech_sent = true;
+            vec![0.0; 1_600]
+        });
+        send_audio(&c, &id, &frame, false).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let mut done = false;
+        while let Ok(item) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            match item.expect("open") {
+                Incoming::Event(Event::Transcript { text, is_final, .. }) => {
+                    events.push((text, is_final, !speech_sent))
+                }
+                Incoming::Event(Event::Done { .. }) => done = true,
+                other => panic!("{other:?}\n{}", d.log()),
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    eprintln!("{events:?}");
+    let early: Vec<_> = events.iter().filter(|(_, f, before)| !f && *before).collect();
+    assert!(!early.is_empty(), "no partial transcript before the end of the speech: {events:?}");
+    assert!(early.iter().all(|(t, _, _)| !t.is_empty()), "{events:?}");
+    let finals: Vec<_> = events.iter().filter(|(_, f, _)| *f).collect();
+    assert_eq!(finals.len(), 1, "{events:?}");
+    assert!(events.last().is_some_and(|(_, f, _)| *f), "the final transcript comes last: {events:?}");
+    assert!(wer(text, &finals[0].0) <= 0.25, "{:?} for {text:?}", finals[0].0);
 }

@@ -32,8 +32,12 @@ public sealed interface Event {
     /** Guarded pipelines: a guard decision; {@code stage} is "input" or "output". */
     record Verdict(String id, String stage, String label, List<String> categories, double ms) implements Event {}
 
-    /** Speech pipelines: what was heard; {@code language} may be null. */
-    record Transcript(String id, String text, String language) implements Event {}
+    /**
+     * Speech pipelines: what was heard; {@code language} may be null. {@code isFinal} false: a
+     * partial transcript of the speech so far, while the user may still be speaking; the turn
+     * answers the final one, its last transcript.
+     */
+    record Transcript(String id, String text, String language, boolean isFinal) implements Event {}
 
     /** Answer to {@link Client#status()}, and the pushes of {@link Client#subscribe}. */
     record Status(String id, StatusReport status) implements Event {}

@@ -28,7 +28,7 @@ final class Events {
             case "verdict":
                 return new Event.Verdict(id, f.str("stage"), f.str("label"), f.strings("categories"), f.dbl("ms"));
             case "transcript":
-                return new Event.Transcript(id, f.str("text"), f.optStr("language"));
+                return new Event.Transcript(id, f.str("text"), f.optStr("language"), f.bool("final", true));
             case "status":
                 return new Event.Status(id, StatusReport.from(f.obj("status")));
             case "done":

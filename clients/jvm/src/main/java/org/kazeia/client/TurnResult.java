@@ -48,14 +48,25 @@ public record TurnResult(String id, List<Event> events) {
         return out;
     }
 
-    /** What a speech pipeline heard, or null. */
+    /** What a speech pipeline heard (its final transcript), or null. */
     public Event.Transcript transcript() {
         for (Event e : events) {
-            if (e instanceof Event.Transcript) {
+            if (e instanceof Event.Transcript && ((Event.Transcript) e).isFinal()) {
                 return (Event.Transcript) e;
             }
         }
         return null;
+    }
+
+    /** The partial transcripts sent while the user was speaking, in order. */
+    public List<Event.Transcript> partialTranscripts() {
+        List<Event.Transcript> out = new ArrayList<>();
+        for (Event e : events) {
+            if (e instanceof Event.Transcript && !((Event.Transcript) e).isFinal()) {
+                out.add((Event.Transcript) e);
+            }
+        }
+        return out;
     }
 
     public List<Event.Audio> audioFrames() {

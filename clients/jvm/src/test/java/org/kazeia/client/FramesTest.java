@@ -134,7 +134,9 @@ class FramesTest {
         assertNull(d.metrics().ttfsMs());
         assertEquals(1L, d.metrics().raw().get("future"), "fields added later are kept");
         Event t = Events.decode(Map.of("type", "transcript", "id", "v", "text", "bonjour"));
-        assertEquals(new Event.Transcript("v", "bonjour", null), t);
+        assertEquals(new Event.Transcript("v", "bonjour", null, true), t, "without `final`: final");
+        Event p = Events.decode(Map.of("type", "transcript", "id", "v", "text", "bon", "language", "fr", "final", false));
+        assertEquals(new Event.Transcript("v", "bon", "fr", false), p);
     }
 
     @Test

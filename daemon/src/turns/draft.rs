@@ -1,0 +1,90 @@
+//! A draft transcript: Whisper on the utterance heard so far, on its own thread beside the
+//! listener, while the user may still be speaking.
+//!
+//! At a pause the draft of the whole utterance starts at once, beside the end-of-turn verdict:
+//! when the turn ends there, its transcript is already under way instead of starting then (the
+//! end-of-turn wait, ~220 ms here, no longer comes before Whisper's ~0.8 s). While the user
+//! speaks on, a draft every `[speech] partial_every` of new speech gives a partial transcript.
+//! A draft of speech the user went on with is stopped, inside the encoder too, so that the
+//! next one does not wait behind it. Dropping a draft stops it and joins its thread: nothing
+//! outlives the turn's listener.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::speech::{SpeechError, Stop, Transcript};
+use crate::supervisor::SpeechStack;
+
+/// A draft's outcome: the transcript and when it was ready.
+pub type Drafted = Result<(Transcript, Instant), SpeechError>;
+
+pub struct Draft {
+    /// Samples of the utterance it transcribes (from the utterance's start).
+    pub covers: usize,
+    stop: Arc<Stop>,
+    result: mpsc::Receiver<Drafted>,
+    ready: Option<Drafted>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Draft {
+    /// Transcribe `samples` (the utterance so far) on a new thread.
+    pub fn start(stack: Arc<SpeechStack>, samples: Vec<f32>, language: Option<String>) -> Result<Draft, SpeechError> {
+        let stop = Arc::new(Stop::new()?);
+        let (tx, result) = mpsc::channel();
+        let covers = samples.len();
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("stt-draft".into())
+            .spawn(move || {
+                // The transcriber's lock: a draft of another turn, or this turn's previous one
+                // still stopping, goes first.
+                let mut stt = stack.stt.lock().expect("stt");
+                let t = if s.is_stopped() {
+                    Err(SpeechError::Run("stopped".into()))
+                } else {
+                    stt.transcribe_until(&samples, language.as_deref(), &s)
+                };
+                drop(stt);
+                let _ = tx.send(t.map(|t| (t, Instant::now())));
+            })
+            .map_err(|e| SpeechError::Run(format!("could not start a draft transcription: {e}")))?;
+        Ok(Draft { covers, stop, result, ready: None, thread: Some(thread) })
+    }
+
+    /// The transcript if it is ready, the first time it is found ready (for a partial event).
+    pub fn poll(&mut self) -> Option<&Drafted> {
+        if self.ready.is_some() {
+            return None;
+        }
+        self.ready = Some(self.result.try_recv().ok()?);
+        self.ready.as_ref()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.ready.is_none()
+    }
+
+    /// Wait for the transcript.
+    pub fn wait(mut self) -> Drafted {
+        match self.ready.take() {
+            Some(r) => r,
+            None => {
+                self.result.recv().unwrap_or_else(|_| Err(SpeechError::Run("the draft transcription stopped".into())))
+            }
+        }
+    }
+}
+
+impl Drop for Draft {
+    fn drop(&mut self) {
+        if self.ready.is_none() {
+            self.stop.stop();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
