@@ -3,11 +3,12 @@
 //! load and a run, each kind alone in a process (tests/tests/speech_memory_{stt,tts}.rs print the
 //! factors they measure and check the estimate against them; speech/src/runtime.rs says which
 //! sessions keep ORT's CPU arena):
-//! - STT (Whisper base encoder + decoder, with the VAD and Smart Turn): 2.45–2.47 measured
-//!   (2.33 before the encoder kept its arena, which it fills once and holds between runs). The
-//!   session keeps the weights copied out of the protobuf, and the encoder's activations for a
-//!   30 s window (1500 positions; attention scores 8 × 1500 × 1500 floats per layer) peak
-//!   during a run.
+//! - STT (Whisper base: int8 encoder, float32 decoder; with the VAD and Smart Turn): 2.40–2.41
+//!   measured (2.45–2.47 with the float32 encoder, whose file was 3.3 × larger; 2.33 before
+//!   the encoder kept its arena, which it fills once and holds between runs). The session
+//!   keeps the weights copied out of the protobuf, and the encoder's activations for a 30 s
+//!   window (1500 positions; attention scores 8 × 1500 × 1500 floats per layer) peak during a
+//!   run.
 //! - TTS (Piper): 3.55–4.13 measured, the peak over twelve rounds of sentences with runs at the
 //!   voice's cap of phoneme ids per run (kazeia_speech::tts::MAX_IDS_PER_RUN; its working
 //!   memory grows with a run's audio), in eight processes. The old 1.6–2.4 (estimate 2.5) was
