@@ -269,6 +269,10 @@ pub struct SpeechConfig {
     /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
     #[serde(deserialize_with = "de_duration")]
     pub turn_max_silence: Duration,
+    /// Whisper's no-speech probability over which a transcript decoded with little confidence
+    /// (mean log-probability under -1) is `no_speech` instead (openai-whisper's rule and
+    /// default, 0.6); 1 turns it off.
+    pub no_speech_threshold: f32,
     /// While the user speaks, a partial transcript (`final: false`) after each `partial_every`
     /// of new speech; `"0s"` sends none. Each is a Whisper run (~0.8 s of both cores here)
     /// while the daemon would otherwise wait.
@@ -297,6 +301,7 @@ impl Default for SpeechConfig {
             // Pipecat's fallback `stop_secs`.
             turn_max_silence: Duration::from_secs(3),
             partial_every: Duration::from_secs(2),
+            no_speech_threshold: 0.6,
             // No French neural voice ships in the registries: espeak-ng speaks French.
             voices: [
                 ("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()),
@@ -535,6 +540,13 @@ impl Config {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
         let sp = &raw.speech;
+        if !(sp.no_speech_threshold > 0.0 && sp.no_speech_threshold <= 1.0) {
+            let at = text.find("no_speech_threshold").or_else(|| text.find("[speech"));
+            return Err(invalid(
+                line_of(text, at.unwrap_or(0)),
+                "[speech]: key `no_speech_threshold` must be in (0, 1]".into(),
+            ));
+        }
         if !(sp.turn_threshold > 0.0 && sp.turn_threshold < 1.0) || sp.turn_max_silence < sp.turn_pause {
             let at =
                 text.find("turn_threshold").or_else(|| text.find("turn_max_silence")).or_else(|| text.find("[speech"));

@@ -323,8 +323,8 @@ pub enum ErrorCode {
     TooManyConnections,
     /// The peer's uid has `limits.max_turns_per_uid` turns running.
     TooManyTurns,
-    /// An audio turn in which the VAD heard no speech: nothing is transcribed (Whisper would
-    /// invent words in silence).
+    /// An audio turn in which the VAD heard no speech, or Whisper said it heard none: no
+    /// transcript (Whisper would invent words in silence).
     NoSpeech,
 }
 

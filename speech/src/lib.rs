@@ -104,8 +104,16 @@ impl Transcriber {
         stop: Option<&Stop>,
     ) -> Result<Transcript, SpeechError> {
         let mut lang = language.map(str::to_string);
-        let mut all =
-            Transcript { text: String::new(), language: String::new(), tokens: 0, encoder_ms: 0.0, decoder_ms: 0.0 };
+        let mut all = Transcript {
+            text: String::new(),
+            language: String::new(),
+            tokens: 0,
+            encoder_ms: 0.0,
+            decoder_ms: 0.0,
+            no_speech_prob: 1.0,
+            avg_logprob: 0.0,
+        };
+        let (mut logprob_sum, mut scored) = (0.0, 0usize);
         for w in self.windows(audio)? {
             if cancel() {
                 break;
@@ -126,6 +134,11 @@ impl Transcriber {
             all.tokens += t.tokens;
             all.encoder_ms += t.encoder_ms;
             all.decoder_ms += t.decoder_ms;
+            all.no_speech_prob = all.no_speech_prob.min(t.no_speech_prob);
+            // Each window's mean covers its tokens and its end token.
+            logprob_sum += t.avg_logprob * (t.tokens + 1) as f32;
+            scored += t.tokens + 1;
+            all.avg_logprob = logprob_sum / scored as f32;
         }
         Ok(all)
     }

@@ -30,6 +30,9 @@ const EOT: u32 = 50257;
 const SOT: u32 = 50258;
 const TRANSCRIBE: u32 = 50359;
 const NO_TIMESTAMPS: u32 = 50363;
+/// `<|nocaptions|>`: its probability right after `<|startoftranscript|>` is Whisper's own
+/// "no speech here".
+const NO_SPEECH: u32 = 50362;
 /// Ids from here up are special (tasks, timestamps): never part of a transcript.
 const FIRST_SPECIAL: u32 = 50358;
 /// Most tokens decoded per 30 s window (Whisper's own limit is 448 positions).
@@ -70,6 +73,28 @@ pub struct Transcript {
     pub tokens: usize,
     pub encoder_ms: f64,
     pub decoder_ms: f64,
+    /// The probability of `<|nocaptions|>` after `<|startoftranscript|>` (the lowest over
+    /// the windows: speech in any window is speech).
+    pub no_speech_prob: f32,
+    /// The mean log-probability of the decoded tokens and the end token.
+    pub avg_logprob: f32,
+}
+
+impl Transcript {
+    /// Whisper's own rule for a window it heard nothing in (openai-whisper and faster-whisper
+    /// skip such a window): `<|nocaptions|>` over `threshold` (their default 0.6) and the text
+    /// decoded with little confidence (mean log-probability under -1). The confidence clause
+    /// keeps clear speech that merely starts oddly.
+    pub fn is_no_speech(&self, threshold: f32) -> bool {
+        self.no_speech_prob > threshold && self.avg_logprob < -1.0
+    }
+}
+
+/// `ln(softmax(logits)[i])`, over the entries that are not -inf.
+fn log_prob(logits: &[f32], i: usize) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    logits[i] - max - sum.ln()
 }
 
 /// GPT-2's byte-level alphabet: the printable stand-in character of every byte, reversed.
@@ -212,6 +237,7 @@ impl Whisper {
         let mut past = self.empty_cache();
         // <|startoftranscript|>: its logits over the language tokens detect the language.
         let logits = self.step(SOT, 0, &mut past, &cross)?;
+        let no_speech_prob = log_prob(&logits, NO_SPEECH as usize).exp();
         let lang_idx = match language {
             Some(code) => self
                 .meta
@@ -232,6 +258,7 @@ impl Whisper {
             logits = self.step(t, i + 1, &mut past, &cross)?;
         }
         let mut out: Vec<u32> = Vec::new();
+        let mut logprob_sum = 0.0f32;
         let mut position = prompt.len() + 1;
         while out.len() < MAX_TOKENS && position < self.meta.max_positions && !cancel() {
             for &s in &self.meta.suppress_ids {
@@ -246,6 +273,7 @@ impl Whisper {
                 *l = f32::NEG_INFINITY;
             }
             let tok = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap_or(EOT as usize) as u32;
+            logprob_sum += log_prob(&logits, tok as usize);
             if tok == EOT {
                 break;
             }
@@ -264,6 +292,8 @@ impl Whisper {
             tokens: out.len(),
             encoder_ms,
             decoder_ms: t1.elapsed().as_secs_f64() * 1e3,
+            no_speech_prob,
+            avg_logprob: logprob_sum / (out.len() + 1) as f32,
         })
     }
 }

@@ -171,9 +171,22 @@ fn transcribe(
         tracing::debug!(stt_ms, encoder_ms = t.encoder_ms, decoder_ms = t.decoder_ms, tokens = t.tokens, "transcribed");
     }
     match t {
-        Ok(t) => Heard::Transcript(t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks }),
+        Ok(t) => heard_in(sup, t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks }),
         Err(e) => Heard::Failed(e.code(), e.to_string()),
     }
+}
+
+/// The transcript, unless Whisper itself says it heard no speech (noise the VAD took for
+/// speech: what Whisper writes then is invented).
+fn heard_in(sup: &Supervisor, t: Transcript, ending: Ending) -> Heard {
+    if t.is_no_speech(sup.config.speech.no_speech_threshold) {
+        tracing::debug!(t.no_speech_prob, t.avg_logprob, "Whisper heard no speech");
+        return Heard::Failed(
+            ErrorCode::NoSpeech,
+            format!("no speech heard in the audio (Whisper's no-speech probability {:.2})", t.no_speech_prob),
+        );
+    }
+    Heard::Transcript(t, ending)
 }
 
 /// The language Whisper is told (None: it detects).
@@ -263,7 +276,7 @@ fn listen(
             return;
         }
         if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
-            if !t.text.is_empty() {
+            if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
                 partial(t);
             }
         }
@@ -360,7 +373,7 @@ fn listen(
                         decoder_ms = t.decoder_ms,
                         "transcribed (draft)"
                     );
-                    Some(Heard::Transcript(t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks }))
+                    Some(heard_in(sup, t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks }))
                 }
                 Err(e) => {
                     tracing::warn!("the draft transcription failed, transcribing again: {e}");

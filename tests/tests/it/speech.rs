@@ -279,3 +279,36 @@ fn text_starting_with_a_dash_is_spoken_whole() {
         }
     }
 }
+
+/// Whisper's own no-speech rule (`<|nocaptions|>` over 0.6 after the start token, the text
+/// decoded with little confidence): silence and low noise fed straight to Whisper, past the
+/// VAD (which alone judged them so far), are no speech, whatever text it invents for them
+/// (base hears 2 s of silence as "you"); each of the English sentences, spoken, is speech.
+#[test]
+fn whisper_says_when_it_heard_no_speech() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let th = c.speech.no_speech_threshold;
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    // A fixed pseudo-random hiss at -40 dBFS (xorshift: the same every run).
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let hiss: Vec<f32> = (0..32_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.02
+        })
+        .collect();
+    for (name, clip) in [("silence", silence(2.0)), ("hiss", hiss)] {
+        let t = stt.transcribe(&clip, Some("en"), &|| false).unwrap();
+        eprintln!("{name}: {:?} no_speech {:.3} logprob {:.2}", t.text, t.no_speech_prob, t.avg_logprob);
+        assert!(t.is_no_speech(th), "{name}: {t:?}");
+    }
+    let mut voice = voice_for(&c, "en").unwrap();
+    for text in ENGLISH {
+        let t = stt.transcribe(&speak(voice.as_mut(), text), Some("en"), &|| false).unwrap();
+        eprintln!("{text:?}: no_speech {:.3} logprob {:.2}", t.no_speech_prob, t.avg_logprob);
+        assert!(!t.is_no_speech(th), "{text:?}: {t:?}");
+    }
+}
