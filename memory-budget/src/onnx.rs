@@ -9,10 +9,13 @@
 //!   keeps the weights copied out of the protobuf, and the encoder's activations for a 30 s
 //!   window (1500 positions; attention scores 8 × 1500 × 1500 floats per layer) peak during a
 //!   run.
-//! - TTS (Piper): 3.55–4.13 measured, the peak over twelve rounds of sentences with runs at the
+//! - TTS (Piper): 2.99–3.05 measured, the peak over twelve rounds of sentences with runs at the
 //!   voice's cap of phoneme ids per run (kazeia_speech::tts::MAX_IDS_PER_RUN; its working
-//!   memory grows with a run's audio), in eight processes. The old 1.6–2.4 (estimate 2.5) was
-//!   measured after the STT in the same process: the voice reused the pages the STT had freed.
+//!   memory grows with a run's audio), in six processes, with ONNX Runtime's CPU arena (which
+//!   the cap bounds). Without the arena it was 3.55–4.13 (eight processes; estimate 4.6): the
+//!   system allocator's pages varied with Piper's sampled noise. The older 1.6–2.4 (estimate
+//!   2.5) was measured after the STT in the same process: the voice reused the pages the STT
+//!   had freed.
 //!
 //! Rounded up, so that the estimate is never below.
 
@@ -26,7 +29,7 @@ impl OnnxKind {
     pub fn factor(self) -> f64 {
         match self {
             OnnxKind::Stt => 2.7,
-            OnnxKind::Tts => 4.6,
+            OnnxKind::Tts => 3.6,
         }
     }
 }
@@ -40,6 +43,6 @@ mod tests {
     #[test]
     fn factors_apply() {
         assert_eq!(super::estimate_onnx(1000, super::OnnxKind::Stt), 2700);
-        assert_eq!(super::estimate_onnx(1000, super::OnnxKind::Tts), 4600);
+        assert_eq!(super::estimate_onnx(1000, super::OnnxKind::Tts), 3600);
     }
 }

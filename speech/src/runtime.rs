@@ -151,14 +151,17 @@ impl Stop {
 /// Whether a model's tensors have the same shapes at every run, which decides its allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shapes {
-    /// Same shapes every run (Whisper's encoder on its 30 s window, Smart Turn's 8 s, the VAD's
-    /// chunk): ONNX Runtime's CPU arena. It grows once to one run's working set and is reused,
-    /// where the system allocator gave every run's big tensors back and faulted them in again:
-    /// Whisper-base's encoder took 955–1046 ms a run without the arena, 634–689 ms with it, and
-    /// peaked lower (316 against 510 MB over the process; onnxruntime 1.32, 2 threads, here).
+    /// Same shapes every run, or shapes with a small cap (Whisper's encoder on its 30 s window,
+    /// Smart Turn's 8 s, the VAD's chunk, Piper's runs of at most `tts::MAX_IDS_PER_RUN`
+    /// phoneme ids): ONNX Runtime's CPU arena. It grows to the largest run's working set and
+    /// is reused, where the system allocator gave every run's big tensors back and faulted them
+    /// in again: Whisper-base's encoder took 955–1046 ms a run without the arena, 634–689 ms
+    /// with it, and peaked lower (316 against 510 MB over the process; onnxruntime 1.32, 2
+    /// threads, here); Piper's first audio in the voice bench fell from 188–227 to 144–163 ms
+    /// and its peak from 3.55–4.13 to 2.99–3.05 × its file.
     Fixed,
-    /// Shapes that grow with the input (Whisper's decoder over its cache, Piper over a sentence):
-    /// no arena, since it keeps the largest run's size for good.
+    /// Shapes that grow without a small cap (Whisper's decoder over its cache): no arena, since
+    /// it keeps the largest run's size for good.
     Varying,
 }
 
@@ -209,10 +212,10 @@ pub fn session(
         }
     }
     // No memory pattern, and no CPU arena for varying shapes: the arena grows by doubling to the
-    // largest shapes any run has seen (Whisper's decoder over a growing cache, Piper over long
-    // sentences) and never gives back, so a voice daemon's RSS crept ~550 MB over its loaded
-    // size within a few turns (1,350 MiB peak for a 776 MiB stack); their freed tensors go back
-    // to the system instead. Fixed shapes keep the arena: see [`Shapes::Fixed`].
+    // largest shapes any run has seen and never gives back; with every session on it (and
+    // Piper's runs not yet capped), a voice daemon's RSS crept ~550 MB over its loaded size
+    // within a few turns (1,350 MiB peak for a 776 MiB stack). Freed tensors of varying shapes
+    // go back to the system instead. Fixed or capped shapes keep it: see [`Shapes::Fixed`].
     let cpu = ort::ep::CPU::default().with_arena_allocator(shapes == Shapes::Fixed).build();
     let s = builder()?
         .with_execution_providers([cpu])

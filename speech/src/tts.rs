@@ -165,7 +165,7 @@ impl Piper {
         let text = std::fs::read_to_string(&json).map_err(|_| SpeechError::Missing(json.clone()))?;
         let config: PiperConfig =
             serde_json::from_str(&text).map_err(|e| SpeechError::BadModel { path: json, message: e.to_string() })?;
-        let (session, placement) = session(path, threads, backend, Shapes::Varying)?;
+        let (session, placement) = session(path, threads, backend, Shapes::Fixed)?;
         Ok(Piper { session, config, path: path.into(), placement })
     }
 

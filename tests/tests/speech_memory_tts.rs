@@ -32,6 +32,7 @@ fn a_voice_stays_within_its_estimate() {
         }
     }
     let peak = proc_status_bytes("VmHWM").saturating_sub(before);
-    // The upper bound is looser than the STT's: the voice's peak varies run to run.
-    assert_within_estimate("tts", bytes, peak, OnnxKind::Tts, 1.75);
+    // Looser than the STT's bound: the voice's peak varied run to run (3.55–4.13 × its file)
+    // until it kept ONNX Runtime's arena (2.99–3.05 since, over six processes).
+    assert_within_estimate("tts", bytes, peak, OnnxKind::Tts, 1.4);
 }
