@@ -80,10 +80,12 @@ impl Draft {
 
 impl Drop for Draft {
     fn drop(&mut self) {
-        if self.ready.is_none() {
-            self.stop.stop();
-        }
         if let Some(t) = self.thread.take() {
+            // A draft still running is stopped (its result was not awaited); one that ended is
+            // only joined.
+            if !t.is_finished() {
+                self.stop.stop();
+            }
             let _ = t.join();
         }
     }
