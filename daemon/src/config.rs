@@ -76,6 +76,12 @@ pub struct ModelConfig {
     /// They share the n_ctx cells.
     #[serde(default = "d_slots")]
     pub cache_slots: u32,
+    /// Hybrid models (Qwen3.5): checkpoints of the recurrent state kept per cache slot, which
+    /// a prompt that departs from the cache rewinds to (the state cannot be cut back). Each is
+    /// the size of the state (50 MiB for the 9B); the plan counts them. 2: the end of the fixed
+    /// opening (a new conversation) and of the last conversation (its next turn). 0: none.
+    #[serde(default = "d_checkpoints")]
+    pub checkpoints: u32,
     #[serde(default)]
     pub sampling: Sampling,
 }
@@ -97,6 +103,9 @@ fn d_keep_alive() -> Option<Duration> {
 }
 fn d_slots() -> u32 {
     1
+}
+fn d_checkpoints() -> u32 {
+    2
 }
 fn d_priority() -> u32 {
     50
@@ -148,6 +157,7 @@ impl ModelConfig {
             // Set by the supervisor from `[daemon] prefix_cache`.
             prefix_dir: None,
             cache_slots: self.cache_slots,
+            checkpoints: self.checkpoints,
             sampling: self.sampling.clone(),
         }
     }
@@ -161,6 +171,7 @@ impl ModelConfig {
             mmap: self.mmap,
             type_k: self.type_k,
             type_v: self.type_v,
+            checkpoints: u64::from(self.checkpoints),
             swa_full: true,
             // `auto` turns flash attention on wherever the backend has it (the CPU does).
             flash_attn: !matches!(self.flash_attn, FlashAttn::Off),

@@ -18,6 +18,10 @@ pub struct ModelPlan {
     pub weights_bytes: u64,
     pub kv_bytes: u64,
     pub recurrent_bytes: u64,
+    /// Checkpoints of the recurrent state the engine may keep (all slots), and each one's size:
+    /// in the total.
+    pub checkpoints: u64,
+    pub checkpoint_bytes: u64,
     /// What a full-ubatch prefill touches of the compute buffer.
     pub compute_bytes: u64,
     /// What llama.cpp reserves for it (address space, mostly the n_ubatch × n_vocab logits our
@@ -89,6 +93,8 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
             weights_bytes: weights,
             kv_bytes: est.kv_bytes,
             recurrent_bytes: est.recurrent_bytes,
+            checkpoints: est.checkpoints,
+            checkpoint_bytes: est.checkpoint_bytes,
             compute_bytes: est.compute_bytes,
             compute_reserved_bytes: est.compute_reserved_bytes,
             overhead_bytes: est.overhead_bytes,
@@ -139,6 +145,8 @@ pub fn speech_plans(config: &Config) -> Vec<ModelPlan> {
                 weights_bytes: total,
                 kv_bytes: 0,
                 recurrent_bytes: 0,
+                checkpoints: 0,
+                checkpoint_bytes: 0,
                 compute_bytes: 0,
                 compute_reserved_bytes: 0,
                 overhead_bytes: 0,
@@ -189,6 +197,15 @@ pub fn print(p: &Plan) {
             m.htp_sessions,
             layers
         );
+        if m.checkpoints > 0 {
+            crate::cli::print::outln!(
+                "{:<10} checkpoints: {} × {} MiB = {} MiB (in the total; `checkpoints` per slot)",
+                "",
+                m.checkpoints,
+                mib(m.checkpoint_bytes),
+                mib(m.checkpoints * m.checkpoint_bytes)
+            );
+        }
         if let Some(n) = &m.note {
             crate::cli::print::outln!("{:<10} {n}", "");
         }

@@ -15,8 +15,8 @@
 //! cancel are not delayed. Hybrid models (Qwen3.5's DeltaNet layers) cannot cut their state
 //! back: their recurrent state is saved one token before the conversation's end
 //! (`PARTIAL_ONLY`, llama.cpp's per-sequence state, as llama-server's checkpoints; one token
-//! early because a prefill always re-decodes the prompt's last token) and kept as the
-//! sequence's checkpoint.
+//! early because a prefill always re-decodes the prompt's last token) and kept as one of the
+//! sequence's checkpoints (`checkpoints` per role, see `Cache`).
 
 use std::time::Instant;
 
@@ -39,16 +39,24 @@ use crate::sampler::{self, SamplingPlan};
 use crate::think::{self, Piece, ThinkFilter};
 
 /// The tokens whose KV the context holds, per sequence (cache slot), in order; and per
-/// sequence at most one checkpoint: the recurrent state (hybrid models) after its first `pos`
-/// tokens, where a later prompt that differs beyond `pos` can rewind to (their state cannot be
-/// cut back otherwise). Taken where a reasoning turn's conversation ended: the next turn's
-/// prompt re-renders the answer, and differs from the sampled tokens as often as not.
+/// sequence its checkpoints (hybrid models): the recurrent state after its first `pos` tokens,
+/// where a later prompt that differs beyond `pos` can rewind to (the state cannot be cut back
+/// otherwise). Taken at the end of a one-slot role's fixed opening, where a reasoning turn's
+/// conversation ended (the next turn's prompt re-renders the answer, and differs from the
+/// sampled tokens as often as not), and where a prompt departed from the one before (a guard's
+/// next check after its instructions). At most the role's `checkpoints` per sequence.
 #[derive(Default)]
 pub struct Cache {
     seqs: Vec<Vec<LlamaToken>>,
-    checkpoints: Vec<Option<(usize, SeqState)>>,
+    /// Per sequence, in the order they were taken.
+    checkpoints: Vec<Vec<Checkpoint>>,
     /// The role's prefix file is written (or was restored): once per load.
     pub prefix_kept: bool,
+}
+
+struct Checkpoint {
+    pos: usize,
+    state: SeqState,
 }
 
 impl Cache {
@@ -59,11 +67,30 @@ impl Cache {
         &mut self.seqs[s]
     }
 
-    fn checkpoint(&mut self, s: usize) -> &mut Option<(usize, SeqState)> {
+    fn checkpoints(&mut self, s: usize) -> &mut Vec<Checkpoint> {
         if self.checkpoints.len() <= s {
-            self.checkpoints.resize_with(s + 1, || None);
+            self.checkpoints.resize_with(s + 1, Vec::new);
         }
         &mut self.checkpoints[s]
+    }
+
+    /// Keep `state` as sequence `s`'s checkpoint at `pos`, within `max` per sequence. When full,
+    /// the earliest position stays (the fixed opening every new conversation departs from, or a
+    /// guard's instructions) and the oldest of the others goes; with `max` 1, the newest stays.
+    fn add_checkpoint(&mut self, s: usize, pos: usize, state: SeqState, max: usize) {
+        let list = self.checkpoints(s);
+        list.retain(|c| c.pos != pos);
+        list.push(Checkpoint { pos, state });
+        while list.len() > max {
+            let earliest = list.iter().enumerate().min_by_key(|(_, c)| c.pos).map(|(i, _)| i);
+            let victim = if max >= 2 && earliest == Some(0) { 1 } else { 0 };
+            list.remove(victim);
+        }
+    }
+
+    /// The position of sequence `s`'s latest checkpoint at or before `limit`.
+    fn checkpoint_at_or_before(&mut self, s: usize, limit: usize) -> Option<&Checkpoint> {
+        self.checkpoints(s).iter().filter(|c| c.pos <= limit).max_by_key(|c| c.pos)
     }
 
     /// The sequence other than `seq` holding the longest prefix of `tokens`, and its length.
@@ -76,12 +103,10 @@ impl Cache {
             .max_by_key(|&(_, n)| n)
     }
 
-    /// The sequence now holds only its first `len` tokens: a checkpoint past them is stale.
+    /// The sequence now holds only its first `len` tokens: checkpoints past them are stale.
     fn truncate(&mut self, s: usize, len: usize) {
         self.seq(s).truncate(len);
-        if self.checkpoint(s).as_ref().is_some_and(|(pos, _)| *pos > len) {
-            *self.checkpoint(s) = None;
-        }
+        self.checkpoints(s).retain(|c| c.pos <= len);
     }
 }
 
@@ -250,9 +275,7 @@ impl Run<'_, '_> {
                 }
             }
             if end < tokens.len() {
-                if let Ok(state) = self.ctx.state_seq_get(seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
-                    *self.cache.checkpoint(seq as usize) = Some((end, state));
-                }
+                self.take_checkpoint(end);
             }
             if keep_at == Some(end) {
                 self.keep_prefix(end);
@@ -293,13 +316,25 @@ impl Run<'_, '_> {
         }
     }
 
-    /// Restore this sequence's checkpoint if it is at or before `limit` tokens, and drop the
-    /// KV after it; the position it is at.
+    /// Hybrid models: keep the recurrent state here (the sequence holds exactly `pos` tokens)
+    /// as a checkpoint. Attention models cut their KV back instead and keep none.
+    fn take_checkpoint(&mut self, pos: usize) {
+        let m = &self.model.model;
+        if self.cfg.checkpoints == 0 || !(m.is_recurrent() || m.is_hybrid()) {
+            return;
+        }
+        if let Ok(state) = self.ctx.state_seq_get(self.seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
+            self.cache.add_checkpoint(self.seq as usize, pos, state, self.cfg.checkpoints as usize);
+        }
+    }
+
+    /// Restore this sequence's latest checkpoint at or before `limit` tokens, and drop the KV
+    /// after it; the position it is at.
     fn rewind_to_checkpoint(&mut self, limit: usize) -> Option<usize> {
         let seq = self.seq;
-        let (pos, state) = self.cache.checkpoint(seq as usize).as_ref().filter(|(pos, _)| *pos <= limit)?;
-        let pos = *pos;
-        let ok = self.ctx.state_seq_set(state, seq).is_ok()
+        let c = self.cache.checkpoint_at_or_before(seq as usize, limit)?;
+        let pos = c.pos;
+        let ok = self.ctx.state_seq_set(&c.state, seq).is_ok()
             && self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None).unwrap_or(false);
         ok.then_some(pos)
     }
@@ -313,7 +348,7 @@ impl Run<'_, '_> {
             self.cache.checkpoints.clear();
         }
         self.cache.seq(seq as usize).clear();
-        *self.cache.checkpoint(seq as usize) = None;
+        self.cache.checkpoints(seq as usize).clear();
     }
 }
 
@@ -326,8 +361,17 @@ pub fn restore_prefix(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &Sha
     match crate::prefix_file::restore(ctx, 0, &path, &key) {
         Ok(tokens) => {
             tracing::info!(role = %cfg.role, tokens = tokens.len(), file = %path.display(), "prefix restored");
+            let n = tokens.len();
             *cache.seq(0) = tokens;
             cache.prefix_kept = true;
+            // A hybrid model's state there is also the first checkpoint: every conversation
+            // departs from it, and its state cannot be cut back to it later.
+            let m = &model.model;
+            if cfg.checkpoints > 0 && (m.is_recurrent() || m.is_hybrid()) {
+                if let Ok(state) = ctx.state_seq_get(0, LlamaStateSeqFlags::PARTIAL_ONLY) {
+                    cache.add_checkpoint(0, n, state, cfg.checkpoints as usize);
+                }
+            }
         }
         Err(e) => {
             tracing::warn!(role = %cfg.role, "prefix file not used, prefilling normally: {e}");
@@ -360,13 +404,20 @@ pub fn run(
     generated
 }
 
-/// Where a one-slot role's fixed opening ends in `tokens`, while it is not on disk yet: the
-/// template's start with the request's system messages, up to the first user text (found as
-/// what two probe prompts, user "a" and user "b", share). Kept in the role's prefix file, the
-/// next load restores it: a Thinker's system prompt is prefilled once per model and context
-/// shape, not once per start of the daemon (Android stops idle services).
-fn fixed_opening(run: &Run<'_, '_>, job: &Job, tokens: &[LlamaToken]) -> Option<usize> {
-    if run.cache.prefix_kept || run.cfg.cache_slots > 1 || run.cfg.prefix_dir.is_none() {
+/// Where a one-slot role's fixed opening ends in `tokens`, while it is not on disk yet, or (a
+/// hybrid model) while its sequence has no checkpoint: the template's start with the request's
+/// system messages, up to the first user text (found as what two probe prompts, user "a" and
+/// user "b", share). Kept in the role's prefix file, the next load restores it: a Thinker's
+/// system prompt is prefilled once per model and context shape, not once per start of the
+/// daemon (Android stops idle services). Kept as a checkpoint, a new conversation rewinds to it
+/// instead of starting over.
+fn fixed_opening(run: &mut Run<'_, '_>, job: &Job, tokens: &[LlamaToken]) -> Option<usize> {
+    let m = &run.model.model;
+    let for_file = !run.cache.prefix_kept && run.cfg.prefix_dir.is_some();
+    let for_checkpoint = run.cfg.checkpoints >= 2
+        && (m.is_recurrent() || m.is_hybrid())
+        && run.cache.checkpoints(run.seq as usize).is_empty();
+    if run.cfg.cache_slots > 1 || !(for_file || for_checkpoint) {
         return None;
     }
     let system: Vec<ChatMessage> = job.request.messages.iter().take_while(|m| m.role == "system").cloned().collect();
@@ -409,9 +460,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let mut pre = run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events))?;
     let rewind = Rewind { at: base };
     if first < tokens.len() && !pre.cancelled {
-        if let Ok(state) = run.ctx.state_seq_get(run.seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
-            *run.cache.checkpoint(run.seq as usize) = Some((first, state));
-        }
+        run.take_checkpoint(first);
         let more = run.prefill(&tokens, true, keep_at, &cancelled, Some(&job.events))?;
         pre = Prefilled {
             decoded: pre.decoded + more.decoded,
@@ -699,6 +748,17 @@ fn classify(
         logits_idx = 0;
         depth += 1;
     };
+    tracing::debug!(
+        role = %run.cfg.role,
+        slot = run.seq,
+        prompt = tokens.len(),
+        cached = pre.cached,
+        prefilled = pre.decoded,
+        prefill_ms = pre.secs * 1e3,
+        label_steps = extra,
+        ms = t.elapsed().as_secs_f64() * 1e3,
+        "classified"
+    );
     let mut scores = scores.unwrap_or_default();
     for l in &req.labels {
         if !scores.iter().any(|(s, _)| s == l) {

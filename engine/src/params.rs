@@ -86,5 +86,7 @@ pub struct RoleParams {
     pub type_v: kazeia_memory_budget::KvType,
     /// Sequences cached side by side in one context (they share the n_ctx cells).
     pub cache_slots: u32,
+    /// Hybrid models: checkpoints of the recurrent state kept per sequence (see `generate::Cache`).
+    pub checkpoints: u32,
     pub sampling: Sampling,
 }

@@ -6,9 +6,10 @@
 //!   pages stay resident (FACTS.md, measured): they count twice.
 //! - KV cache: per token, only attention layers (Qwen3.5: its full-attention layers; Gemma 3:
 //!   global layers hold n_ctx tokens, sliding-window layers only the window).
-//! - recurrent state (Qwen3.5's DeltaNet layers): fixed per sequence, always F32; twice, since
-//!   the engine keeps one host copy per sequence as its checkpoint (the state at the end of the
-//!   last conversation, which the next turn rewinds to: the state cannot be cut back).
+//! - recurrent state (Qwen3.5's DeltaNet layers): fixed per sequence, always F32; plus the
+//!   engine's checkpoints, host copies of it that a later prompt rewinds to (the state cannot be
+//!   cut back): `checkpoints` per sequence (the role's setting, 2 by default: the end of the
+//!   fixed opening, the end of the last conversation), each the size of the state.
 //! - compute buffer: llama.cpp *reserves* it for its worst graph, a full n_ubatch batch that
 //!   outputs logits for every token (n_ubatch × n_vocab × 4 B dominates). Our engine only ever
 //!   asks for the last token's logits (generation and one-pass guard verdicts alike), so the
@@ -37,6 +38,9 @@ pub struct ContextParams {
     /// KV cache element types of keys and values (f16 by default).
     pub type_k: crate::KvType,
     pub type_v: crate::KvType,
+    /// Checkpoints of the recurrent state the engine keeps per sequence (hybrid models; other
+    /// models cut their KV back and keep none).
+    pub checkpoints: u64,
     /// Sliding-window layers keep the whole context (llama.cpp's default; the engine keeps it).
     pub swa_full: bool,
     /// Flash attention (the engine's `auto` enables it on the CPU): no n_kv × n_ubatch score
@@ -53,6 +57,7 @@ impl Default for ContextParams {
             mmap: false,
             type_k: crate::KvType::F16,
             type_v: crate::KvType::F16,
+            checkpoints: 2,
             swa_full: true,
             flash_attn: true,
         }
@@ -66,7 +71,11 @@ pub struct Estimate {
     /// The anonymous repack copy that mmap adds (0 without mmap).
     pub repack_bytes: u64,
     pub kv_bytes: u64,
+    /// The live recurrent state of every sequence.
     pub recurrent_bytes: u64,
+    /// Checkpoints the engine may hold (all sequences), each of `checkpoint_bytes`.
+    pub checkpoints: u64,
+    pub checkpoint_bytes: u64,
     /// What a full-ubatch prefill touches of the compute buffer (activations).
     pub compute_bytes: u64,
     /// Runtime tables that grow with the vocabulary, plus a fixed part.
@@ -89,7 +98,12 @@ impl Estimate {
 
     /// The role's own part: KV, recurrent state, touched compute, runtime tables.
     pub fn context_bytes(&self) -> u64 {
-        self.kv_bytes + self.recurrent_bytes + self.compute_bytes + self.overhead_bytes
+        self.kv_bytes + self.recurrent_bytes + self.checkpoints_total() + self.compute_bytes + self.overhead_bytes
+    }
+
+    /// All the checkpoints' bytes.
+    pub fn checkpoints_total(&self) -> u64 {
+        self.checkpoints * self.checkpoint_bytes
     }
 
     /// The one cost function: what loading this role adds, given whether its file is already
@@ -103,6 +117,7 @@ impl Estimate {
             + self.repack_bytes
             + self.kv_bytes
             + self.recurrent_bytes
+            + self.checkpoints_total()
             + self.compute_bytes
             + self.overhead_bytes
     }
@@ -268,8 +283,11 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
         weights_bytes,
         repack_bytes,
         kv_bytes,
-        // The state and its checkpoint.
-        recurrent_bytes: 2 * shape.recurrent_bytes_per_seq * p.n_seq,
+        recurrent_bytes: shape.recurrent_bytes_per_seq * p.n_seq,
+        checkpoints: if shape.recurrent_bytes_per_seq > 0 { p.checkpoints * p.n_seq } else { 0 },
+        // llama.cpp's partial sequence state: the recurrent layers' state (no SWA layers on a
+        // model that has recurrent ones, among those we run).
+        checkpoint_bytes: shape.recurrent_bytes_per_seq,
         compute_bytes,
         overhead_bytes: FIXED_OVERHEAD + PER_VOCAB_ENTRY * shape.n_vocab,
         compute_reserved_bytes: compute_bytes + p.n_ubatch * shape.n_vocab * 4,

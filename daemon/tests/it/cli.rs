@@ -146,7 +146,16 @@ fn plan_json_reads_headers_only() {
     let roles: Vec<&str> = models.iter().map(|m| m["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["thinker", "guard", "stt", "tts"]);
     for m in models {
-        for k in ["weights_bytes", "kv_bytes", "recurrent_bytes", "compute_bytes", "total_bytes", "htp_sessions"] {
+        for k in [
+            "weights_bytes",
+            "kv_bytes",
+            "recurrent_bytes",
+            "checkpoints",
+            "checkpoint_bytes",
+            "compute_bytes",
+            "total_bytes",
+            "htp_sessions",
+        ] {
             assert!(m[k].is_u64(), "{k} in {m}");
         }
         assert!(m["layer_ranges"].is_array() && m["backend"].is_string() && m["file"].is_string());

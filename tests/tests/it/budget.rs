@@ -26,9 +26,12 @@ fn qwen35_9b_matches_the_memory_formulas() {
     // 8 full-attention layers × 2 × 4 KV heads × 256 × 2 B = 32,768 B per token.
     assert_eq!(e.kv_bytes, 32_768 * 4096);
     assert_eq!(e.kv_bytes, 128 * MIB);
-    // 24 DeltaNet layers of recurrent state, F32: 52,690,944 B per sequence, and as much again
-    // for the sequence's checkpoint (the engine's copy to rewind to).
-    assert_eq!(e.recurrent_bytes, 2 * 52_690_944);
+    // 24 DeltaNet layers of recurrent state, F32: 52,690,944 B per sequence, and as much for
+    // each of the sequence's checkpoints (the engine's copies to rewind to), 2 by default.
+    assert_eq!(e.recurrent_bytes, 52_690_944);
+    assert_eq!((e.checkpoints, e.checkpoint_bytes), (2, 52_690_944));
+    let none = estimate(&h, &ContextParams { checkpoints: 0, ..Default::default() }).unwrap();
+    assert_eq!(e.total() - none.total(), 2 * 52_690_944);
     // Touched: activations of a 512-token ubatch, dense (8·4096 + 2·12288) plus DeltaNet
     // (24 × 32 heads × 128) floats per token. Reserved adds the 512 × 248,320 logits rows.
     assert_eq!(e.compute_bytes, 512 * (8 * 4096 + 2 * 12288 + 24 * 32 * 128) * 4);
@@ -51,6 +54,7 @@ fn qwen35_9b_matches_the_memory_formulas() {
     // Two cache slots keep two recurrent states but share the KV cells.
     let two = estimate(&h, &ContextParams { n_ctx: 4096, n_ubatch: 512, n_seq: 2, ..Default::default() }).unwrap();
     assert_eq!((two.kv_bytes, two.recurrent_bytes), (e.kv_bytes, 2 * e.recurrent_bytes));
+    assert_eq!(two.checkpoints, 2 * e.checkpoints);
     // mmap adds the CPU repack copy of the Q4_0 matrices (the measured trap in FACTS.md).
     let mapped = estimate(&h, &ContextParams { mmap: true, ..Default::default() }).unwrap();
     assert!(mapped.repack_bytes > 3_000_000_000, "{mapped:?}");
@@ -70,7 +74,8 @@ fn guard_4b_kv_is_four_and_a_half_times_the_thinkers() {
     let e = estimate(&h, &ContextParams { n_ctx: 2048, n_ubatch: 128, ..Default::default() }).unwrap();
     assert_eq!(e.kv_bytes, 147_456 * 2048);
     assert_eq!(e.kv_bytes, 288 * MIB);
-    assert_eq!(e.recurrent_bytes, 0);
+    // An attention model cuts its KV back: no checkpoint.
+    assert_eq!((e.recurrent_bytes, e.checkpoints), (0, 0));
     let split = layer_bytes(&h, htp_runs);
     assert_eq!(plan_htp(&split.layers, split.cpu, split.output, DEFAULT_SESSION_CAP).unwrap().sessions.len(), 1);
 }
@@ -92,5 +97,8 @@ fn device_plan_fits_the_16_gb_budget() {
     assert!(plan.fits);
     assert_eq!(plan.budget_bytes, 11 << 30);
     assert_eq!(plan.models[0].htp_sessions, 2);
+    // The hybrid Thinker's checkpoints (`checkpoints = 2`), in its total; the guard keeps none.
+    assert_eq!((plan.models[0].checkpoints, plan.models[0].checkpoint_bytes), (2, 52_690_944));
+    assert_eq!(plan.models[1].checkpoints, 0);
     assert_eq!(plan.models[1].htp_sessions, 1);
 }

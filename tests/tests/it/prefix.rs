@@ -172,3 +172,33 @@ async fn the_thinkers_system_prompt_survives_a_restart() {
         assert_eq!(restored, cold, "{}: the same answer as a cold context", file.display());
     }
 }
+
+/// A hybrid Thinker (the tiny qwen35) keeps its state at the end of the system prompt as a
+/// checkpoint beside the one at the end of the last conversation: each new conversation rewinds
+/// there and prefills only its own question, with the answer of a cold context. The third
+/// conversation needs the system prompt's checkpoint to outlive a full list (the last
+/// conversation's goes). With `checkpoints = 1` only the last conversation's is kept, and a new
+/// one starts over.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_conversation_on_a_hybrid_thinker_rewinds_to_the_system_prompt() {
+    let file = kazeia_tests::qwen35_tiny();
+    let q = "What is the capital of France?";
+    let (cold, _, _) = answer(&thinker(&file, None), q).await;
+    for checkpoints in [2, 1] {
+        let engine = load_role("thinker", &file, &format!("n_ctx = 2048\ncheckpoints = {checkpoints}"), None);
+        let (_, _, first) = answer(&engine, "Is water wet?").await;
+        assert_eq!(first, 0);
+        for question in [q, "How do I bake bread?"] {
+            let (text, prompt, cached) = answer(&engine, question).await;
+            eprintln!("checkpoints = {checkpoints}: a new conversation reused {cached} of {prompt} prompt tokens");
+            if checkpoints == 2 {
+                assert!(cached >= 16 && cached < prompt, "{question}: {cached} of {prompt} reused");
+            } else {
+                assert_eq!(cached, 0, "one checkpoint: the last conversation's");
+            }
+            if question == q {
+                assert_eq!(text, cold, "the same answer as a cold context");
+            }
+        }
+    }
+}
