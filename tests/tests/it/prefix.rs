@@ -130,11 +130,22 @@ fn thinker(file: &std::path::Path, dir: Option<&std::path::Path>) -> Engine {
 
 /// One greedy answer after a fixed system prompt: (text, prompt tokens, cached tokens).
 async fn answer(engine: &Engine, question: &str) -> (String, u32, u32) {
+    answer_after(engine, &[], question).await
+}
+
+/// The same, after earlier turns of the conversation (question, answer).
+async fn answer_after(engine: &Engine, earlier: &[(String, String)], question: &str) -> (String, u32, u32) {
     let system = "You are Kazeia, a calm assistant on a tablet. Answer in one or two short sentences, \
         in the language of the question, without lists or markdown.";
+    let mut messages = vec![ChatMessage::new("system", system)];
+    for (q, a) in earlier {
+        messages.push(ChatMessage::new("user", q.as_str()));
+        messages.push(ChatMessage::new("assistant", a.as_str()));
+    }
+    messages.push(ChatMessage::new("user", question));
     let req = GenerateRequest::new(
         "thinker",
-        vec![ChatMessage::new("system", system), ChatMessage::new("user", question)],
+        messages,
         GenerateOptions { temperature: Some(0.0), max_tokens: Some(24), ..Default::default() },
     );
     let mut rx = engine.generate(req, CancellationToken::new()).unwrap();
@@ -174,11 +185,10 @@ async fn the_thinkers_system_prompt_survives_a_restart() {
 }
 
 /// A hybrid Thinker (the tiny qwen35) keeps its state at the end of the system prompt as a
-/// checkpoint beside the one at the end of the last conversation: each new conversation rewinds
-/// there and prefills only its own question, with the answer of a cold context. The third
-/// conversation needs the system prompt's checkpoint to outlive a full list (the last
-/// conversation's goes). With `checkpoints = 1` only the last conversation's is kept, and a new
-/// one starts over.
+/// checkpoint beside those where conversations ended: after a conversation of three turns
+/// (each rewinding to the one before, which fills the list), each new conversation rewinds to
+/// the system prompt and prefills only its own question, with the answer of a cold context.
+/// With `checkpoints = 1` only the last conversation's is kept, and a new one starts over.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_conversation_on_a_hybrid_thinker_rewinds_to_the_system_prompt() {
     let file = kazeia_tests::qwen35_tiny();
@@ -186,8 +196,13 @@ async fn a_new_conversation_on_a_hybrid_thinker_rewinds_to_the_system_prompt() {
     let (cold, _, _) = answer(&thinker(&file, None), q).await;
     for checkpoints in [2, 1] {
         let engine = load_role("thinker", &file, &format!("n_ctx = 2048\ncheckpoints = {checkpoints}"), None);
-        let (_, _, first) = answer(&engine, "Is water wet?").await;
-        assert_eq!(first, 0);
+        let mut earlier: Vec<(String, String)> = Vec::new();
+        for (i, turn) in ["Is water wet?", "Why is that?", "Tell me more."].into_iter().enumerate() {
+            let (reply, prompt, cached) = answer_after(&engine, &earlier, turn).await;
+            eprintln!("checkpoints = {checkpoints}: turn {i} reused {cached} of {prompt} prompt tokens");
+            assert!(i == 0 || cached >= 16, "turn {i}: {cached} of {prompt} reused");
+            earlier.push((turn.to_string(), reply));
+        }
         for question in [q, "How do I bake bread?"] {
             let (text, prompt, cached) = answer(&engine, question).await;
             eprintln!("checkpoints = {checkpoints}: a new conversation reused {cached} of {prompt} prompt tokens");
