@@ -16,6 +16,13 @@ use kazeia_memory_budget::Backend;
 /// A voice: text in, mono samples at `sample_rate()` out.
 pub trait Voice: Send {
     fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError>;
+    /// The same audio, handed to `each` piece by piece as soon as each exists (Piper: clause by
+    /// clause), so that the first clause is heard while the next is synthesised. `each`
+    /// returns false to stop (a cancelled reply).
+    fn synthesize_each(&mut self, text: &str, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<(), SpeechError> {
+        each(self.synthesize(text)?);
+        Ok(())
+    }
     fn sample_rate(&self) -> u32;
     fn name(&self) -> String;
 }
@@ -112,12 +119,14 @@ pub fn phonemize_clauses(text: &str, voice: &str) -> Result<Vec<String>, SpeechE
 /// with the audio of a run, faster than linearly (measured, arena off: 128 ids 49 MiB over the
 /// loaded model, 256 ids 102 MiB, 512 ids 256 MiB; a 16-word sentence in one run peaked at
 /// 203 MB), so longer text
-/// is spoken in runs of whole clauses (or words, for a clause over the cap) joined end to end,
+/// is spoken in runs of one clause (or of words, for a clause over the cap) joined end to end,
 /// as Piper's own phonemizer splits by sentence. The plan's TTS factor is measured at this cap.
 pub const MAX_IDS_PER_RUN: usize = 128;
 
-/// Group clauses into runs of at most `max` symbols (`cost` of each), splitting an oversized
-/// clause at its spaces; a single word over the cap goes alone.
+/// One run per clause, an oversized clause split at its spaces into runs of at most `max`
+/// symbols (`cost` of each); a single word over the cap goes alone. A clause per run, not
+/// clauses packed up to the cap: each clause's audio can leave as soon as it exists ("Yes,"
+/// is heard while the rest of the sentence is synthesised).
 fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<String> {
     let mut pieces: Vec<String> = Vec::new();
     for c in clauses {
@@ -138,17 +147,7 @@ fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<Str
             pieces.push(cur);
         }
     }
-    let mut out: Vec<String> = Vec::new();
-    for p in pieces {
-        match out.last_mut() {
-            Some(last) if cost(&format!("{last} {p}")) <= max => {
-                last.push(' ');
-                last.push_str(&p);
-            }
-            _ => out.push(p),
-        }
-    }
-    out
+    pieces
 }
 
 pub struct Piper {
@@ -217,12 +216,22 @@ impl Piper {
 
 impl Voice for Piper {
     fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError> {
-        let clauses = phonemize_clauses(text, &self.config.espeak.voice)?;
         let mut audio = Vec::new();
-        for run in runs(&clauses, MAX_IDS_PER_RUN, |p| self.ids(p).len()) {
-            audio.extend(self.run(&self.ids(&run))?);
-        }
+        self.synthesize_each(text, &mut |piece| {
+            audio.extend(piece);
+            true
+        })?;
         Ok(audio)
+    }
+
+    fn synthesize_each(&mut self, text: &str, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<(), SpeechError> {
+        let clauses = phonemize_clauses(text, &self.config.espeak.voice)?;
+        for run in runs(&clauses, MAX_IDS_PER_RUN, |p| self.ids(p).len()) {
+            if !each(self.run(&self.ids(&run))?) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     fn sample_rate(&self) -> u32 {
@@ -265,17 +274,17 @@ impl Voice for Espeak {
 
 #[cfg(test)]
 mod tests {
-    /// Runs never pass the cap but for a lone word; clauses stay whole when they fit; nothing
-    /// is lost or reordered.
+    /// A run per clause; runs never pass the cap but for a lone word; clauses stay whole when
+    /// they fit; nothing is lost or reordered.
     #[test]
     fn runs_are_capped_whole_clauses() {
         let clauses: Vec<String> = ["aaaa bb,", "cc.", "dddddd eeeeee ffffff gg", "h"].map(String::from).to_vec();
         let r = super::runs(&clauses, 10, str::len);
-        assert_eq!(r, ["aaaa bb,", "cc. dddddd", "eeeeee", "ffffff gg", "h"]);
+        assert_eq!(r, ["aaaa bb,", "cc.", "dddddd", "eeeeee", "ffffff gg", "h"]);
         assert!(r.iter().all(|p| p.len() <= 10));
         assert_eq!(r.join(" "), clauses.join(" "));
         let r = super::runs(&["a,".to_string(), "b,".into(), "c".into()], 10, str::len);
-        assert_eq!(r, ["a, b, c"]);
+        assert_eq!(r, ["a,", "b,", "c"]);
         assert_eq!(super::runs(&["toolongword".to_string()], 4, str::len), ["toolongword"]);
     }
 

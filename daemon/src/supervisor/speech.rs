@@ -85,6 +85,21 @@ impl SpeechStack {
         Ok((v.synthesize(text)?, v.sample_rate()))
     }
 
+    /// [`say`](Self::say), the audio handed to `each` (with its rate) clause by clause as soon
+    /// as each is synthesised; `each` returns false to stop.
+    pub fn say_each(
+        &self,
+        sup: &Supervisor,
+        language: &str,
+        text: &str,
+        each: &mut dyn FnMut(Vec<f32>, u32) -> bool,
+    ) -> Result<(), SpeechError> {
+        let voice = self.voice(sup, language)?;
+        let mut v = voice.lock().expect("voice");
+        let rate = v.sample_rate();
+        v.synthesize_each(text, &mut |piece| each(piece, rate))
+    }
+
     /// The voice of `language`, loaded on first use (outside the map's lock: two first uses may
     /// both load, the first insert wins).
     fn voice(&self, sup: &Supervisor, language: &str) -> Result<SharedVoice, SpeechError> {

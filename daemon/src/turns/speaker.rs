@@ -1,6 +1,7 @@
 //! The one speaker: sentences in, audio frames out, on a blocking task of its own so that
-//! synthesis of sentence n overlaps generation of sentence n+1. Frames are ~100 ms so that a
-//! cancel lands between two of them; the last frame is flagged and empty.
+//! synthesis of sentence n overlaps generation of sentence n+1. A sentence is synthesised
+//! clause by clause, and each clause's frames leave as soon as it exists. Frames are ~100 ms
+//! so that a cancel lands between two of them; the last frame is flagged and empty.
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -76,21 +77,32 @@ fn speak(
         let arrived = Instant::now();
         // Speech first: no decode starts while the sentence is synthesised (see SpeechHold).
         let hold = kazeia_engine::SpeechHold::take();
-        let (samples, r) = stack.say(sup, language, &sentence)?;
-        drop(hold);
-        tracing::debug!(
-            chars = sentence.len(),
-            ms = arrived.elapsed().as_secs_f64() * 1e3,
-            audio_s = samples.len() as f64 / f64::from(r),
-            "synthesised"
-        );
-        rate = r;
-        for chunk in samples.chunks((r as usize / 10).max(1)) {
-            if cancel.is_cancelled() {
-                return Ok(spoken);
+        // Clause by clause: each clause's frames leave as soon as it is synthesised, while the
+        // next clause is.
+        let mut audio_s = 0.0;
+        stack.say_each(sup, language, &sentence, &mut |samples, r| {
+            if spoken.first_audio.is_none() {
+                tracing::debug!(
+                    chars = sentence.len(),
+                    ms = arrived.elapsed().as_secs_f64() * 1e3,
+                    "first clause synthesised"
+                );
             }
-            out(frame(r, false, Bytes::from(audio::to_s16le(chunk))));
-            spoken.first_audio.get_or_insert_with(|| (Instant::now(), arrived.elapsed().as_secs_f64() * 1e3));
+            rate = r;
+            audio_s += samples.len() as f64 / f64::from(r);
+            for chunk in samples.chunks((r as usize / 10).max(1)) {
+                if cancel.is_cancelled() {
+                    return false;
+                }
+                out(frame(r, false, Bytes::from(audio::to_s16le(chunk))));
+                spoken.first_audio.get_or_insert_with(|| (Instant::now(), arrived.elapsed().as_secs_f64() * 1e3));
+            }
+            true
+        })?;
+        drop(hold);
+        tracing::debug!(chars = sentence.len(), ms = arrived.elapsed().as_secs_f64() * 1e3, audio_s, "synthesised");
+        if cancel.is_cancelled() {
+            return Ok(spoken);
         }
     }
     if cancel.is_cancelled() {

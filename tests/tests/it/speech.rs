@@ -280,6 +280,46 @@ fn text_starting_with_a_dash_is_spoken_whole() {
     }
 }
 
+/// Piper speaks a sentence clause by clause: its audio comes in one piece per clause, the
+/// first before the next clause is synthesised (the speaker sends each piece's frames at
+/// once), and the pieces joined are the sentence's audio, heard back whole.
+#[test]
+fn piper_hands_each_clause_over_as_soon_as_it_exists() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let piper = c.cache_path(Path::new(&c.speech.voices["en"]));
+    let mut en =
+        kazeia_daemon::speech::Piper::load(&piper, 2, kazeia_daemon::speech::Backend::Cpu).unwrap().without_noise();
+    let text = "Yes, Paris is the capital of France; it sits on the Seine.";
+    let mut pieces: Vec<(usize, std::time::Instant)> = Vec::new();
+    let mut joined = Vec::new();
+    en.synthesize_each(text, &mut |piece| {
+        pieces.push((piece.len(), std::time::Instant::now()));
+        joined.extend(piece);
+        true
+    })
+    .unwrap();
+    let lens: Vec<usize> = pieces.iter().map(|p| p.0).collect();
+    eprintln!("{text:?}: pieces of {lens:?} samples");
+    assert_eq!(pieces.len(), 3, "one piece per clause: {lens:?}");
+    assert!(lens.iter().all(|&n| n > 2_000), "every clause is spoken: {lens:?}");
+    assert_eq!(joined, en.synthesize(text).unwrap(), "the pieces are the sentence's audio");
+    let heard =
+        stt.transcribe(&audio::resample(&joined, en.sample_rate(), 16_000), Some("en"), &|| false).unwrap().text;
+    let (e, n) = word_errors(text, &heard);
+    eprintln!("heard {heard:?} ({e}/{n})");
+    assert!(e * 4 <= n, "{text:?} was heard as {heard:?}");
+    // Stopping after the first clause synthesises nothing more.
+    let mut calls = 0;
+    en.synthesize_each(text, &mut |_| {
+        calls += 1;
+        false
+    })
+    .unwrap();
+    assert_eq!(calls, 1);
+}
+
 /// Whisper's own no-speech rule (`<|nocaptions|>` over 0.6 after the start token, the text
 /// decoded with little confidence): silence and low noise fed straight to Whisper, past the
 /// VAD (which alone judged them so far), are no speech, whatever text it invents for them
