@@ -34,11 +34,15 @@ pub enum AudioSource {
 /// load progress is sent as events.
 pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, out: Output) {
     // An audio turn keeps the speech models from being unloaded under it.
-    let _speech = (turn.plan.transcribe || turn.plan.speak).then(|| sup.speech_use());
+    let speech = (turn.plan.transcribe || turn.plan.speak).then(|| sup.speech_use());
     let last = flow(&sup, &turn, audio, &out).await;
     log_end(&turn, &last);
+    // Deregistered and leases released before the final event leaves: a client that unloads
+    // the moment it reads `done` found the role still leased ("in use": the D-Bus test failed
+    // so in a clean-clone run).
+    drop(turn);
+    drop(speech);
     out(Frame::event(&last));
-    // `turn` drops here: deregistered, leases released.
 }
 
 /// The turn's events but the final one, which is returned.

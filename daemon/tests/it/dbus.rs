@@ -153,8 +153,10 @@ async fn engine1_on_a_real_session_bus() {
     let (_, end) = common::finish(&mut turn).await;
     assert!(matches!(end, Event::Done { stop: StopReason::Cancelled, .. }), "{end:?}");
 
+    // At once after `done`: the turn released the role before its final event.
     let mut rx = c.send(Request::Unload { id: c.new_id(), role: "thinker".into() }).await.unwrap();
-    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Unloaded { .. }))));
+    let got = rx.recv().await;
+    assert!(matches!(got, Some(Incoming::Event(Event::Unloaded { .. }))), "{got:?}");
     wait_for("ModelUnloaded", || signal_seen(&seen, "ModelUnloaded", "thinker"));
     assert!(seen.lock().unwrap().contains("member=PropertiesChanged"), "{}", seen.lock().unwrap());
     assert_eq!(property(&bus, "LoadedModels"), "as 0");
