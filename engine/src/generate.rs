@@ -88,7 +88,7 @@ impl Cache {
         }
     }
 
-    /// The position of sequence `s`'s latest checkpoint at or before `limit`.
+    /// Sequence `s`'s latest checkpoint at or before `limit` tokens.
     fn checkpoint_at_or_before(&mut self, s: usize, limit: usize) -> Option<&Checkpoint> {
         self.checkpoints(s).iter().filter(|c| c.pos <= limit).max_by_key(|c| c.pos)
     }
@@ -208,8 +208,7 @@ impl Run<'_, '_> {
         // unified KV cache that is a copy of cell tags (attention models only: a recurrent
         // state is one per sequence, at its end).
         let want = if logits { tokens.len() - 1 } else { tokens.len() };
-        let m = &self.model.model;
-        if !(m.is_recurrent() || m.is_hybrid()) && self.cfg.cache_slots > 1 {
+        if !self.model.recurrent_state() && self.cfg.cache_slots > 1 {
             if let Some((other, n)) = self.cache.longest_elsewhere(seq as usize, tokens) {
                 let n = n.min(want);
                 if n > keep {
@@ -316,16 +315,9 @@ impl Run<'_, '_> {
         }
     }
 
-    /// Hybrid models: keep the recurrent state here (the sequence holds exactly `pos` tokens)
-    /// as a checkpoint. Attention models cut their KV back instead and keep none.
+    /// The free `take_checkpoint`, on this run's sequence.
     fn take_checkpoint(&mut self, pos: usize) {
-        let m = &self.model.model;
-        if self.cfg.checkpoints == 0 || !(m.is_recurrent() || m.is_hybrid()) {
-            return;
-        }
-        if let Ok(state) = self.ctx.state_seq_get(self.seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
-            self.cache.add_checkpoint(self.seq as usize, pos, state, self.cfg.checkpoints as usize);
-        }
+        take_checkpoint(self.ctx, self.cache, self.model, self.cfg, self.seq, pos);
     }
 
     /// Restore this sequence's latest checkpoint at or before `limit` tokens, and drop the KV
@@ -366,17 +358,30 @@ pub fn restore_prefix(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &Sha
             cache.prefix_kept = true;
             // A hybrid model's state there is also the first checkpoint: every conversation
             // departs from it, and its state cannot be cut back to it later.
-            let m = &model.model;
-            if cfg.checkpoints > 0 && (m.is_recurrent() || m.is_hybrid()) {
-                if let Ok(state) = ctx.state_seq_get(0, LlamaStateSeqFlags::PARTIAL_ONLY) {
-                    cache.add_checkpoint(0, n, state, cfg.checkpoints as usize);
-                }
-            }
+            take_checkpoint(ctx, cache, model, cfg, 0, n);
         }
         Err(e) => {
             tracing::warn!(role = %cfg.role, "prefix file not used, prefilling normally: {e}");
             let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+/// Hybrid models: keep sequence `seq`'s recurrent state (it holds exactly `pos` tokens) as a
+/// checkpoint. Attention models cut their KV back instead and keep none.
+fn take_checkpoint(
+    ctx: &mut LlamaContext<'_>,
+    cache: &mut Cache,
+    model: &SharedModel,
+    cfg: &RoleParams,
+    seq: i32,
+    pos: usize,
+) {
+    if cfg.checkpoints == 0 || !model.recurrent_state() {
+        return;
+    }
+    if let Ok(state) = ctx.state_seq_get(seq, LlamaStateSeqFlags::PARTIAL_ONLY) {
+        cache.add_checkpoint(seq as usize, pos, state, cfg.checkpoints as usize);
     }
 }
 
@@ -412,11 +417,9 @@ pub fn run(
 /// daemon (Android stops idle services). Kept as a checkpoint, a new conversation rewinds to it
 /// instead of starting over.
 fn fixed_opening(run: &mut Run<'_, '_>, job: &Job, tokens: &[LlamaToken]) -> Option<usize> {
-    let m = &run.model.model;
     let for_file = !run.cache.prefix_kept && run.cfg.prefix_dir.is_some();
-    let for_checkpoint = run.cfg.checkpoints >= 2
-        && (m.is_recurrent() || m.is_hybrid())
-        && run.cache.checkpoints(run.seq as usize).is_empty();
+    let for_checkpoint =
+        run.cfg.checkpoints >= 2 && run.model.recurrent_state() && run.cache.checkpoints(run.seq as usize).is_empty();
     if run.cfg.cache_slots > 1 || !(for_file || for_checkpoint) {
         return None;
     }
@@ -453,8 +456,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     // there as the sequence's checkpoint: the next turn of the conversation departs from this
     // prompt after it (the answer re-rendered, the think block gone) and rewinds to it instead
     // of starting over.
-    let m = &run.model.model;
-    let hybrid = base >= 2 && (m.is_recurrent() || m.is_hybrid());
+    let hybrid = base >= 2 && run.model.recurrent_state();
     let first = if hybrid { base - 1 } else { tokens.len() };
     let keep_at = fixed_opening(run, job, &tokens);
     let mut pre = run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events))?;

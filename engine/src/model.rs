@@ -72,4 +72,11 @@ impl SharedModel {
     pub fn file_bytes(&self) -> u64 {
         self.header.file_size
     }
+
+    /// Part of its state is recurrent (Mamba, RWKV, Qwen3.5's DeltaNet layers): one state per
+    /// sequence, at its end, which cannot be cut back or shared between sequences; rewinding it
+    /// needs a checkpoint.
+    pub fn recurrent_state(&self) -> bool {
+        self.model.is_recurrent() || self.model.is_hybrid()
+    }
 }
