@@ -54,6 +54,11 @@ pub struct Metrics {
     /// (ms): what the user waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speech_end_to_audio_ms: Option<f64>,
+    /// Voice turns whose reply started before the end of the turn (the transcript was ready
+    /// while the end-of-turn model still doubted): how long before it (ms). Nothing of the
+    /// reply was released before the end of the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_start_ms: Option<f64>,
 }
 
 /// Why generation ended.

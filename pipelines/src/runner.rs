@@ -41,6 +41,9 @@ pub struct TurnInput {
     pub session: Option<String>,
     /// Send the model's reasoning as `thinking` events (guarded like the reply).
     pub show_thinking: bool,
+    /// A reply started before the user's turn had ended (a voice turn's preemptive start): it
+    /// joins the session only once this says `true`; dropped (or the turn cancelled), never.
+    pub confirmed: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// What a turn runs with.
@@ -436,7 +439,14 @@ pub async fn run_turn(
         }
     }
     if let (Some(sid), Some(store)) = (&input.session, engines.sessions) {
-        if stop != StopReason::Cancelled {
+        let confirmed = match input.confirmed.clone() {
+            None => true,
+            Some(mut c) => tokio::select! {
+                r = c.wait_for(|yes| *yes) => r.is_ok(),
+                () = cancel.cancelled() => false,
+            },
+        };
+        if stop != StopReason::Cancelled && confirmed {
             store.append(sid, user, ChatMessage::new("assistant", released.trim_end().to_string()));
         }
     }

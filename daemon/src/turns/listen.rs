@@ -11,6 +11,12 @@
 //! `vad_silence` (500 ms), and always at the client's `last` frame. Re-asking matters on this
 //! machine's synthetic voices: a whole question heard as unfinished at 200 ms (p 0.11) was
 //! heard as finished at 400 ms (p 0.70), while a hesitation ("the, um,") stayed at 0.01.
+//!
+//! Preemptive start: when the transcript of the utterance up to a pause is ready while the
+//! model still says "not yet", the task says so (`Heard::Early`) and the turn starts its reply
+//! on it, releasing nothing until the turn ends (`Heard::Transcript`); speech after it
+//! (`Heard::Resumed`) makes the turn drop that work. A turn the model doubts until
+//! `turn_max_silence` (3 s) then answers at once instead of starting only then.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,7 +25,7 @@ use std::time::{Duration, Instant};
 use kazeia_ipc::{AudioFrame, ErrorCode};
 use ringbuf::traits::{Consumer, Observer, Producer, Split};
 use ringbuf::{HeapCons, HeapProd, HeapRb};
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::draft::Draft;
@@ -29,8 +35,14 @@ use crate::supervisor::Supervisor;
 /// 20 s of 16 kHz audio in flight between the socket and the speech task.
 const RING: usize = 20 * 16_000;
 
-/// What the turn learns from the speech task.
+/// What the turn learns from the speech task: at most one `Transcript` or `Failed`, last;
+/// before it, any number of `Early`, each followed by `Resumed` unless it is the last.
 pub enum Heard {
+    /// The utterance's transcript at a pause the end-of-turn model doubts: the turn may start
+    /// its reply on it, but releases nothing before `Transcript`.
+    Early(Transcript),
+    /// The user spoke again after an `Early`: its transcript is not the turn's.
+    Resumed,
     Transcript(Transcript, Ending),
     Failed(ErrorCode, String),
 }
@@ -106,16 +118,16 @@ impl Task {
 /// Where partial transcripts go while the user speaks.
 pub type Partial = Box<dyn Fn(&Transcript) + Send>;
 
-/// Listen to a stream: partial transcripts go to `partial`, the transcript comes through the
-/// receiver; the task then watches for barge-in, cancelling `turn` when the user speaks again,
-/// until stopped.
+/// Listen to a stream: partial transcripts go to `partial`, what was heard comes through the
+/// receiver (see [`Heard`]); the task then watches for barge-in, cancelling `turn` when the user
+/// speaks again, until stopped.
 pub fn start(
     sup: Arc<Supervisor>,
     ring: Ring,
     turn: CancellationToken,
     partial: Partial,
-) -> (oneshot::Receiver<Heard>, Task) {
-    let (tx, rx) = oneshot::channel();
+) -> (mpsc::UnboundedReceiver<Heard>, Task) {
+    let (tx, rx) = mpsc::unbounded_channel();
     let stop = CancellationToken::new();
     let s = stop.clone();
     let handle = tokio::task::spawn_blocking(move || listen(&sup, ring, &turn, &s, tx, &partial));
@@ -123,8 +135,12 @@ pub fn start(
 }
 
 /// Transcribe a whole recording (windows of ≤ 30 s cut at pauses).
-pub fn whole(sup: Arc<Supervisor>, samples: Vec<f32>, turn: CancellationToken) -> (oneshot::Receiver<Heard>, Task) {
-    let (tx, rx) = oneshot::channel();
+pub fn whole(
+    sup: Arc<Supervisor>,
+    samples: Vec<f32>,
+    turn: CancellationToken,
+) -> (mpsc::UnboundedReceiver<Heard>, Task) {
+    let (tx, rx) = mpsc::unbounded_channel();
     let handle = tokio::task::spawn_blocking(move || {
         let speech_end = Instant::now();
         let _ = tx.send(transcribe(&sup, &samples, None, &turn, speech_end, 0.0, 0));
@@ -204,7 +220,7 @@ fn listen(
     mut ring: Ring,
     turn: &CancellationToken,
     stop: &CancellationToken,
-    heard: oneshot::Sender<Heard>,
+    heard: mpsc::UnboundedSender<Heard>,
     partial: &Partial,
 ) {
     // The speech models load (once per daemon) while the user is still speaking.
@@ -244,6 +260,8 @@ fn listen(
     // transcript of the turn cannot be it).
     let mut draft: Option<Draft> = None;
     let mut spoke_since_draft = false;
+    // An `Early` transcript was sent and no speech came after it.
+    let mut early = false;
     let partial_n = vad::samples(s.partial_every);
     let lang = language(sup);
     let new_draft = |utterance: &[f32]| match Draft::start(stack.clone(), utterance.to_vec(), lang.clone()) {
@@ -257,6 +275,9 @@ fn listen(
     let complete = |utterance: &[f32], checks: &mut u32| -> bool {
         let Some(m) = model else { return true };
         *checks += 1;
+        // The verdict first: the user is waiting on it, and an early reply's decodes beside it
+        // slowed it several times over on 2 cores.
+        let _hold = kazeia_engine::SpeechHold::take();
         match m.lock().expect("end-of-turn model").probability(utterance) {
             Ok(p) => {
                 tracing::debug!(p, "end-of-turn verdict");
@@ -278,6 +299,12 @@ fn listen(
         if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
             if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
                 partial(t);
+                // The draft of the whole utterance, started at the pause the model doubts:
+                // the turn's transcript if the user says no more.
+                if waiting.is_some() && !spoke_since_draft {
+                    let _ = heard.send(Heard::Early(t.clone()));
+                    early = true;
+                }
             }
         }
         if ring.consumer.occupied_len() >= vad::CHUNK {
@@ -299,6 +326,9 @@ fn listen(
                 Ok(Some(VadEvent::SpeechStart(_))) => {
                     waiting = None;
                     spoke_since_draft = true;
+                    if std::mem::take(&mut early) {
+                        let _ = heard.send(Heard::Resumed);
+                    }
                 }
                 Ok(Some(VadEvent::SpeechEnd(seg))) => {
                     let silence = vad.silence_start(&seg);

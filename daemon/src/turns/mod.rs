@@ -6,16 +6,26 @@
 //! cascade run by the pipelines' runner, and the released sentences spoken (`speaker`). Every
 //! part of a turn — the blocking VAD/STT loop, the speaker — is awaited by the turn's own
 //! future, which the connection's task set (or `kazeia run`) owns: nothing outlives its turn.
+//!
+//! Preemptive start (voice): when the listener has the transcript of an utterance whose end the
+//! end-of-turn model still doubts (`Heard::Early`), the cascade starts on it; its events wait
+//! in their channel, so no token, verdict or audio leaves before the turn has ended. The turn
+//! ending on that same transcript takes the reply over as it stands; more speech, another
+//! transcript or a failure cancels it (and it never joins the session).
 
 mod draft;
 pub mod listen;
 mod speaker;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kazeia_ipc::{ErrorCode, Event, Frame, Metrics, StopReason};
 use kazeia_pipelines::{run_turn, Engines, GenerateOptions, TurnInput};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::supervisor::{Supervisor, Turn};
 pub use listen::{AudioInput, Heard};
@@ -61,11 +71,12 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     }
     sup.touch(&roles);
 
-    // 2. What was said: the text, or the audio heard.
+    // 2. What was said: the text, or the audio heard; a reply may start before the turn ends.
     let mut listening = None;
     let mut ending = None;
+    let mut early: Option<Reply<'_>> = None;
     let (text, language) = if turn.plan.transcribe {
-        let (heard, task) = match audio {
+        let (mut heard, task) = match audio {
             Some(AudioSource::Stream(ring)) => {
                 let (out, id) = (out.clone(), id.clone());
                 let partial: listen::Partial = Box::new(move |t| {
@@ -82,19 +93,59 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
             None => return error(ErrorCode::BadRequest, "an audio turn without audio".into()),
         };
         listening = Some(task);
-        let heard = match heard.await {
-            Ok(Heard::Transcript(t, e)) => {
-                ending = Some(e);
-                t
-            }
-            Ok(Heard::Failed(code, message)) => {
-                return if turn.cancel.is_cancelled() {
-                    done(StopReason::Cancelled, Metrics::default())
-                } else {
-                    error(code, message)
+        let heard = loop {
+            // While an early reply runs, it makes progress as the listener goes on.
+            let next = match early.as_mut() {
+                Some(r) => tokio::select! {
+                    h = heard.recv() => h,
+                    () = async { r.run.as_mut().expect("running").await }, if r.run.is_some() => {
+                        r.run = None;
+                        continue;
+                    }
+                    Some(e) = r.events.recv() => {
+                        r.keep(e);
+                        continue;
+                    }
+                },
+                None => heard.recv().await,
+            };
+            match next {
+                Some(Heard::Early(t)) if turn.plan.has_text_stages() => {
+                    if let Some(r) = early.take() {
+                        r.drop_it().await;
+                    }
+                    tracing::info!(conn = turn.who.conn, "the reply starts before the end of the turn");
+                    early = Some(Reply::start(sup, turn, t.text, true));
+                }
+                Some(Heard::Early(_)) => {}
+                Some(Heard::Resumed) => {
+                    if let Some(r) = early.take() {
+                        tracing::info!(conn = turn.who.conn, "the user went on: the early reply is dropped");
+                        r.drop_it().await;
+                    }
+                }
+                Some(Heard::Transcript(t, e)) => {
+                    ending = Some(e);
+                    break t;
+                }
+                Some(Heard::Failed(code, message)) => {
+                    if let Some(r) = early.take() {
+                        r.drop_it().await;
+                    }
+                    let last = if turn.cancel.is_cancelled() {
+                        done(StopReason::Cancelled, Metrics::default())
+                    } else {
+                        error(code, message)
+                    };
+                    return stop_listening(listening, last).await;
+                }
+                None => {
+                    if let Some(r) = early.take() {
+                        r.drop_it().await;
+                    }
+                    return error(ErrorCode::Engine, "the speech task stopped".into());
                 }
             }
-            Err(_) => return error(ErrorCode::Engine, "the speech task stopped".into()),
         };
         ev(Event::Transcript {
             id: id.clone(),
@@ -115,8 +166,26 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
         (text, language)
     };
     if turn.cancel.is_cancelled() {
+        if let Some(r) = early.take() {
+            r.drop_it().await;
+        }
         return stop_listening(listening, done(StopReason::Cancelled, Metrics::default())).await;
     }
+    // The early reply is the turn's if it answers what the turn's transcript says.
+    let (reply, early_start_ms) = match early.take() {
+        Some(mut r) if r.text == text => {
+            r.hold = None;
+            let _ = r.confirm.send(true);
+            let lead = r.started.elapsed().as_secs_f64() * 1e3;
+            tracing::info!(conn = turn.who.conn, lead_ms = lead, "the early reply is the turn's");
+            (Some(r), Some(lead))
+        }
+        Some(r) => {
+            r.drop_it().await;
+            (None, None)
+        }
+        None => (None, None),
+    };
 
     // 3. Speech only: the transcript, or the text spoken.
     if !turn.plan.has_text_stages() {
@@ -145,24 +214,18 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
         .plan
         .speak
         .then(|| Speaker::start(sup.clone(), turn.id.clone(), language, turn.cancel.clone(), out.clone()));
-    let o = &turn.request.options;
-    let input = TurnInput {
-        id: id.clone(),
-        text,
-        options: GenerateOptions {
-            temperature: o.temperature,
-            seed: o.seed,
-            max_tokens: o.max_tokens,
-            ignore_eos: false,
-            thinking_budget: o.thinking_budget,
-        },
-        session: turn.request.session.as_deref().map(|s| session_key(turn.who.uid, s)),
-        show_thinking: o.show_thinking,
-    };
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let Reply { run, events: mut rx, kept, .. } = reply.unwrap_or_else(|| Reply::start(sup, turn, text, false));
     let forward = async {
         let mut last = None;
-        while let Some(e) = rx.recv().await {
+        let mut kept = kept.into_iter();
+        loop {
+            let e = match kept.next() {
+                Some(e) => e,
+                None => match rx.recv().await {
+                    Some(e) => e,
+                    None => break,
+                },
+            };
             if let (Event::Sentence { text, .. }, Some(s)) = (&e, &speaker) {
                 s.say(text.clone());
             }
@@ -173,8 +236,12 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
         }
         last
     };
-    let engines = Engines { llm: &sup.engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
-    let (_, last) = tokio::join!(run_turn(&turn.pipeline, input, engines, turn.cancel.clone(), tx), forward);
+    let run = async {
+        if let Some(run) = run {
+            run.await
+        }
+    };
+    let (_, last) = tokio::join!(run, forward);
     let mut last = last.unwrap_or_else(|| error(ErrorCode::Engine, "the runner ended without a final event".into()));
     // The speaker sends the last audio frame: the final event must follow it.
     let mut spoken = None;
@@ -187,8 +254,74 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     }
     if let Event::Done { metrics, .. } = &mut last {
         *metrics = speech_metrics(std::mem::take(metrics), ending.as_ref(), spoken);
+        metrics.early_start_ms = early_start_ms;
     }
     stop_listening(listening, last).await
+}
+
+/// The cascade running for one transcript: its future (None once it has ended) and its events,
+/// kept until the turn forwards them.
+struct Reply<'a> {
+    text: String,
+    run: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+    events: mpsc::UnboundedReceiver<Event>,
+    /// An early reply's events so far, in order.
+    kept: Vec<Event>,
+    /// Held from an early reply's first released unit until the turn ends: no decode starts
+    /// meanwhile (at most `MAX_HOLD`). The reply has what the user will hear first, and the
+    /// listener needs the cores: on 2 of them, a Thinker writing on beside it made each
+    /// end-of-turn verdict slow and the listener fell seconds behind the microphone.
+    hold: Option<kazeia_engine::SpeechHold>,
+    /// Cancels this reply only (a child of the turn's token).
+    cancel: CancellationToken,
+    /// Early replies: `true` when the turn takes it (then it may join the session).
+    confirm: watch::Sender<bool>,
+    started: Instant,
+}
+
+impl<'a> Reply<'a> {
+    fn start(sup: &'a Arc<Supervisor>, turn: &'a Turn, text: String, early: bool) -> Reply<'a> {
+        let o = &turn.request.options;
+        let (confirm, confirmed) = watch::channel(false);
+        let input = TurnInput {
+            id: Some(turn.id.clone()),
+            text: text.clone(),
+            options: GenerateOptions {
+                temperature: o.temperature,
+                seed: o.seed,
+                max_tokens: o.max_tokens,
+                ignore_eos: false,
+                thinking_budget: o.thinking_budget,
+            },
+            session: turn.request.session.as_deref().map(|s| session_key(turn.who.uid, s)),
+            show_thinking: o.show_thinking,
+            confirmed: early.then_some(confirmed),
+        };
+        let (tx, events) = mpsc::unbounded_channel();
+        let cancel = turn.cancel.child_token();
+        let engines = Engines { llm: &sup.engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
+        let run = Box::pin(run_turn(&turn.pipeline, input, engines, cancel.clone(), tx));
+        Reply { text, run: Some(run), events, kept: Vec::new(), hold: None, cancel, confirm, started: Instant::now() }
+    }
+
+    /// Keep an early reply's event; its first unit (or its end) stops the decodes.
+    fn keep(&mut self, e: Event) {
+        if self.hold.is_none() && matches!(e, Event::Sentence { .. } | Event::Done { .. } | Event::Error { .. }) {
+            self.hold = Some(kazeia_engine::SpeechHold::take());
+        }
+        self.kept.push(e);
+    }
+
+    /// Not the turn's reply: stop it and wait until it has stopped (within one decode step);
+    /// its events are never sent.
+    async fn drop_it(mut self) {
+        // Its hold first: a decode waiting on it would not see the cancel for `MAX_HOLD`.
+        self.hold = None;
+        self.cancel.cancel();
+        if let Some(run) = self.run.take() {
+            run.await;
+        }
+    }
 }
 
 /// A turn's metrics with its speech stages: how the user's turn ended, the transcription, the

@@ -453,3 +453,145 @@ async fn partial_transcripts_arrive_while_the_user_speaks() {
     assert!(events.last().is_some_and(|(_, f, _)| *f), "the final transcript comes last: {events:?}");
     assert!(wer(text, &finals[0].0) <= 0.25, "{:?} for {text:?}", finals[0].0);
 }
+
+/// `samples` as a microphone sends them: 100 ms frames at wall-clock pace, no `last` flag.
+async fn send_paced(c: &Client, id: &str, samples: &[f32]) {
+    let mut next = tokio::time::Instant::now();
+    for chunk in samples.chunks(1_600) {
+        send_audio(c, id, chunk, false).await;
+        next += Duration::from_millis(100);
+        tokio::time::sleep_until(next).await;
+    }
+}
+
+/// What a voice turn sent, in order: `T` final transcript, `t` partial transcript, `R` anything
+/// of the reply (verdict, token, sentence, audio); and its `done`.
+async fn voice_turn(
+    d: &Daemon,
+    c: &Client,
+    id: &str,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>,
+    utterance: &[f32],
+) -> (String, Vec<String>, String, kazeia_ipc::Metrics) {
+    let (mut order, mut transcripts, mut tokens) = (String::new(), Vec::new(), String::new());
+    let mut send = Box::pin(send_paced(c, id, utterance));
+    let mut sent = false;
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
+        let item = tokio::select! {
+            () = &mut send, if !sent => { sent = true; continue; }
+            // Microphone silence once the utterance is sent, until the turn ends.
+            _ = tokio::time::sleep(Duration::from_millis(100)), if sent => {
+                send_audio(c, id, &[0.0; 1_600], false).await;
+                continue;
+            }
+            item = rx.recv() => item.expect("open"),
+        };
+        match item {
+            Incoming::Event(Event::Transcript { text, is_final, .. }) => {
+                order.push(if is_final { 'T' } else { 't' });
+                if is_final {
+                    transcripts.push(text);
+                }
+            }
+            Incoming::Event(Event::Token { text, .. }) => {
+                order.push('R');
+                tokens.push_str(&text);
+            }
+            Incoming::Event(Event::Done { stop, metrics, .. }) => {
+                assert!(matches!(stop, StopReason::Eos | StopReason::Length), "{stop:?}\n{}", d.log());
+                return (order, transcripts, tokens, metrics);
+            }
+            Incoming::Event(Event::Error { message, .. }) => panic!("{message}\n{}", d.log()),
+            Incoming::Event(_) | Incoming::Audio(_) => order.push('R'),
+        }
+    }
+}
+
+/// Preemptive start: an end-of-turn model that doubts every verdict (threshold 0.9999) keeps the
+/// turn open until `turn_max_silence`; meanwhile the transcript of the utterance is ready and
+/// the reply starts on it. Nothing of it (verdict, token, audio) leaves before the final
+/// transcript, the reply is the question's, and it joins the session once the turn is confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
+    let d = Daemon::start(&format!("{}turn_threshold = 0.9999\nturn_max_silence = \"3s\"\n", config_text()));
+    let c = d.client().await;
+    let question = "What is the capital of France?";
+    let mut utterance = vec![0.0; 3_200];
+    utterance.extend(spoken(question));
+    let id = c.new_id();
+    let req = Request::Turn {
+        id: id.clone(),
+        pipeline: "voice".into(),
+        text: None,
+        audio: Some(AudioSpec { sample_rate: 16_000, channels: 1 }),
+        session: Some("early".into()),
+        options: TurnOptions::default(),
+    };
+    let mut rx = c.send(req).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
+    let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
+    eprintln!("{order} {transcripts:?} {tokens:?} {metrics:?}");
+    assert_eq!(transcripts.len(), 1, "{order}");
+    assert!(wer(question, &transcripts[0]) <= 0.34, "{transcripts:?}");
+    // Released only after the final transcript, and there was a reply.
+    let final_at = order.find('T').unwrap();
+    assert!(!order[..final_at].contains('R'), "reply events before the end of the turn: {order}");
+    assert!(order[final_at..].contains('R'), "{order}");
+    assert!(tokens.contains("Paris"), "{tokens:?}");
+    // The turn ended at the longest silence, after several verdicts; the reply had started.
+    assert!(metrics.turn_checks >= Some(2), "{metrics:?}");
+    let lead = metrics.early_start_ms.unwrap_or_else(|| panic!("no early start: {metrics:?}\n{}", d.log()));
+    assert!(lead > 0.0, "{metrics:?}");
+    assert!(d.log().contains("the early reply is the turn's"), "{}", d.log());
+    // The exchange joined the session: the same follow-up there carries it in its prompt.
+    let follow = |session: &str| {
+        let c = &c;
+        let session = session.to_string();
+        async move {
+            let req = Request::Turn {
+                id: c.new_id(),
+                pipeline: "chat".into(),
+                text: Some("Thanks.".into()),
+                audio: None,
+                session: Some(session),
+                options: TurnOptions { max_tokens: Some(4), ..Default::default() },
+            };
+            let mut rx = c.send(req).await.unwrap();
+            loop {
+                if let Some(Incoming::Event(Event::Done { metrics, .. })) = rx.recv().await {
+                    break metrics.prompt_tokens;
+                }
+            }
+        }
+    };
+    let (with, without) = (follow("early").await, follow("fresh").await);
+    assert!(with >= without + 10, "the session's history is missing: {with} vs {without} prompt tokens");
+}
+
+/// The user goes on after a pause long enough for the early reply to start (2.5 s, after "So I
+/// was wondering if you could,", which the end-of-turn model doubts): that reply is dropped,
+/// nothing of it leaves, and the turn answers the whole utterance, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_early_reply_is_dropped_when_the_user_goes_on() {
+    let d = Daemon::start(&format!("{}turn_max_silence = \"5s\"\n", config_text()));
+    let c = d.client().await;
+    let (first, second) = ("So I was wondering if you could,", "tell me what the capital of France is?");
+    let mut utterance = vec![0.0; 3_200];
+    utterance.extend(spoken(first));
+    utterance.extend(vec![0.0; 40_000]);
+    utterance.extend(spoken(second));
+    let (id, mut rx) = start(&c, "voice").await;
+    let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
+    eprintln!("{order} {transcripts:?} {tokens:?} {metrics:?}");
+    let log = d.log();
+    assert!(log.contains("the reply starts before the end of the turn"), "no early start\n{log}");
+    assert!(log.contains("the early reply is dropped"), "{log}");
+    assert_eq!(transcripts.len(), 1, "{order}");
+    let whole = format!("{first} {second}");
+    assert!(wer(&whole, &transcripts[0]) <= 0.25, "{:?} for {whole:?}", transcripts[0]);
+    let final_at = order.find('T').unwrap();
+    assert!(!order[..final_at].contains('R'), "reply events before the end of the turn: {order}");
+    assert!(tokens.contains("Paris"), "{tokens:?}");
+}

@@ -167,6 +167,7 @@ async fn reasoning_never_reaches_the_reply_and_is_guarded_when_shown() {
             },
             session: Some(format!("s{show}")),
             show_thinking: show,
+            ..Default::default()
         };
         let engines = Engines { llm: &engine, policy: &policy, sessions: Some(&sessions) };
         run_turn(&pipeline, input, engines, CancellationToken::new(), tx).await;
@@ -239,6 +240,7 @@ async fn qwen35_sessions_reuse_their_earlier_turns() {
                 options: GenerateOptions { temperature: Some(0.0), max_tokens: Some(12), ..Default::default() },
                 session: Some("s".into()),
                 show_thinking: false,
+                ..Default::default()
             };
             let engines = Engines { llm: &engine, policy: &policy, sessions: Some(&sessions) };
             run_turn(&pipeline, input, engines, CancellationToken::new(), tx).await;
