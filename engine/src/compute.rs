@@ -74,12 +74,13 @@ impl From<DecodeError> for ComputeError {
     }
 }
 
-/// Speech first. While a [`SpeechHold`] lives (the speaker synthesising a reply's sentence), no
-/// decode starts: the user waits for that audio, and the sentences after it have the whole time
+/// Speech first. While a [`SpeechHold`] lives (the speaker synthesising a reply's sentence; an
+/// end-of-turn verdict; a voice turn's early reply waiting for the end of the turn), no decode
+/// starts: the user waits for that audio, and the sentences after it have the whole time
 /// it plays to be written (text comes 10-20 times faster than speech). On 2 cores the Thinker's
 /// and the guard's decodes beside Piper made the first sentence's synthesis 2.3 s instead of
-/// ~0.4 s alone (tools/bench-voice). A decode already running finishes; a hold never stops
-/// decodes for more than [`MAX_HOLD`] in a row.
+/// ~0.4 s alone (tools/bench-voice). A decode already running finishes; a decode waits at most
+/// [`MAX_HOLD`] (holders keep theirs shorter: the early reply's ends after it).
 pub struct SpeechHold(());
 
 /// The longest a decode waits for speech (a stuck synthesis must not stop the engine).

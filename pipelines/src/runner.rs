@@ -441,7 +441,9 @@ pub async fn run_turn(
     if let (Some(sid), Some(store)) = (&input.session, engines.sessions) {
         let confirmed = match input.confirmed.clone() {
             None => true,
+            // Confirmed then cancelled: kept, as a turn that ended before its cancel.
             Some(mut c) => tokio::select! {
+                biased;
                 r = c.wait_for(|yes| *yes) => r.is_ok(),
                 () = cancel.cancelled() => false,
             },

@@ -22,6 +22,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use kazeia_ipc::{ErrorCode, Event, Frame, Metrics, StopReason};
 use kazeia_pipelines::{run_turn, Engines, GenerateOptions, TurnInput};
 use tokio::sync::{mpsc, watch};
@@ -75,6 +76,8 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let mut listening = None;
     let mut ending = None;
     let mut early: Option<Reply<'_>> = None;
+    // Early replies being stopped: driven beside the rest, all ended before the final event.
+    let mut dropped: Dropped<'_> = FuturesUnordered::new();
     let (text, language) = if turn.plan.transcribe {
         let (mut heard, task) = match audio {
             Some(AudioSource::Stream(ring)) => {
@@ -106,32 +109,39 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                         r.keep(e);
                         continue;
                     }
+                    () = tokio::time::sleep_until(r.hold_until.unwrap_or_else(tokio::time::Instant::now)),
+                        if r.hold.is_some() =>
+                    {
+                        r.hold = None;
+                        continue;
+                    }
+                    Some(()) = dropped.next() => continue,
                 },
-                None => heard.recv().await,
+                None => tokio::select! {
+                    h = heard.recv() => h,
+                    Some(()) = dropped.next() => continue,
+                },
             };
             match next {
                 Some(Heard::Early(t)) if turn.plan.has_text_stages() => {
-                    if let Some(r) = early.take() {
-                        r.drop_it().await;
-                    }
+                    drop_early(&mut early, &mut dropped);
                     tracing::info!(conn = turn.who.conn, "the reply starts before the end of the turn");
                     early = Some(Reply::start(sup, turn, t.text, true));
                 }
                 Some(Heard::Early(_)) => {}
                 Some(Heard::Resumed) => {
-                    if let Some(r) = early.take() {
+                    if early.is_some() {
                         tracing::info!(conn = turn.who.conn, "the user went on: the early reply is dropped");
-                        r.drop_it().await;
                     }
+                    drop_early(&mut early, &mut dropped);
                 }
                 Some(Heard::Transcript(t, e)) => {
                     ending = Some(e);
                     break t;
                 }
                 Some(Heard::Failed(code, message)) => {
-                    if let Some(r) = early.take() {
-                        r.drop_it().await;
-                    }
+                    drop_early(&mut early, &mut dropped);
+                    settle(&mut dropped).await;
                     let last = if turn.cancel.is_cancelled() {
                         done(StopReason::Cancelled, Metrics::default())
                     } else {
@@ -140,9 +150,8 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                     return stop_listening(listening, last).await;
                 }
                 None => {
-                    if let Some(r) = early.take() {
-                        r.drop_it().await;
-                    }
+                    drop_early(&mut early, &mut dropped);
+                    settle(&mut dropped).await;
                     return error(ErrorCode::Engine, "the speech task stopped".into());
                 }
             }
@@ -166,25 +175,26 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
         (text, language)
     };
     if turn.cancel.is_cancelled() {
-        if let Some(r) = early.take() {
-            r.drop_it().await;
-        }
+        drop_early(&mut early, &mut dropped);
+        settle(&mut dropped).await;
         return stop_listening(listening, done(StopReason::Cancelled, Metrics::default())).await;
     }
-    // The early reply is the turn's if it answers what the turn's transcript says.
+    // The early reply is the turn's if it answers what the turn's transcript says (and did not
+    // fail: an error then, e.g. `busy`, may not be one now).
+    let failed = |r: &Reply<'_>| r.kept.iter().any(|e| matches!(e, Event::Error { .. }));
     let (reply, early_start_ms) = match early.take() {
-        Some(mut r) if r.text == text => {
+        Some(mut r) if r.text == text && !failed(&r) => {
             r.hold = None;
             let _ = r.confirm.send(true);
             let lead = r.started.elapsed().as_secs_f64() * 1e3;
             tracing::info!(conn = turn.who.conn, lead_ms = lead, "the early reply is the turn's");
             (Some(r), Some(lead))
         }
-        Some(r) => {
-            r.drop_it().await;
+        other => {
+            let mut other = other;
+            drop_early(&mut other, &mut dropped);
             (None, None)
         }
-        None => (None, None),
     };
 
     // 3. Speech only: the transcript, or the text spoken.
@@ -241,7 +251,7 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
             run.await
         }
     };
-    let (_, last) = tokio::join!(run, forward);
+    let (_, last, ()) = tokio::join!(run, forward, settle(&mut dropped));
     let mut last = last.unwrap_or_else(|| error(ErrorCode::Engine, "the runner ended without a final event".into()));
     // The speaker sends the last audio frame: the final event must follow it.
     let mut spoken = None;
@@ -254,16 +264,46 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     }
     if let Event::Done { metrics, .. } = &mut last {
         *metrics = speech_metrics(std::mem::take(metrics), ending.as_ref(), spoken);
-        metrics.early_start_ms = early_start_ms;
+        if let Some(lead) = early_start_ms {
+            // From the end of the turn, as for a reply that starts then: nothing was released
+            // before it.
+            metrics.ttft_ms = (metrics.ttft_ms - lead).max(0.0);
+            metrics.ttfs_ms = metrics.ttfs_ms.map(|ms| (ms - lead).max(0.0));
+            metrics.ttfa_ms = metrics.ttfa_ms.map(|ms| (ms - lead).max(0.0));
+            metrics.early_start_ms = Some(lead);
+        }
     }
     stop_listening(listening, last).await
+}
+
+/// A reply's cascade, as a future the turn drives.
+type RunFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// Early replies that were cancelled, until they have stopped.
+type Dropped<'a> = FuturesUnordered<RunFuture<'a>>;
+
+/// Cancel the early reply, if any: its hold goes first (a decode waiting on it would not see the
+/// cancel for `MAX_HOLD`), its events are never sent, and `dropped` drives it to its end.
+fn drop_early<'a>(early: &mut Option<Reply<'a>>, dropped: &mut Dropped<'a>) {
+    if let Some(mut r) = early.take() {
+        r.hold = None;
+        r.cancel.cancel();
+        if let Some(run) = r.run.take() {
+            dropped.push(run);
+        }
+    }
+}
+
+/// Wait until every dropped early reply has stopped (within a decode step of its cancel).
+async fn settle(dropped: &mut Dropped<'_>) {
+    while dropped.next().await.is_some() {}
 }
 
 /// The cascade running for one transcript: its future (None once it has ended) and its events,
 /// kept until the turn forwards them.
 struct Reply<'a> {
     text: String,
-    run: Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>,
+    run: Option<RunFuture<'a>>,
     events: mpsc::UnboundedReceiver<Event>,
     /// An early reply's events so far, in order.
     kept: Vec<Event>,
@@ -272,6 +312,9 @@ struct Reply<'a> {
     /// listener needs the cores: on 2 of them, a Thinker writing on beside it made each
     /// end-of-turn verdict slow and the listener fell seconds behind the microphone.
     hold: Option<kazeia_engine::SpeechHold>,
+    /// When the hold ends even if the turn has not (a hold stops every turn's decodes); set
+    /// once, when it is taken.
+    hold_until: Option<tokio::time::Instant>,
     /// Cancels this reply only (a child of the turn's token).
     cancel: CancellationToken,
     /// Early replies: `true` when the turn takes it (then it may join the session).
@@ -301,26 +344,26 @@ impl<'a> Reply<'a> {
         let cancel = turn.cancel.child_token();
         let engines = Engines { llm: &sup.engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
         let run = Box::pin(run_turn(&turn.pipeline, input, engines, cancel.clone(), tx));
-        Reply { text, run: Some(run), events, kept: Vec::new(), hold: None, cancel, confirm, started: Instant::now() }
+        Reply {
+            text,
+            run: Some(run),
+            events,
+            kept: Vec::new(),
+            hold: None,
+            hold_until: None,
+            cancel,
+            confirm,
+            started: Instant::now(),
+        }
     }
 
     /// Keep an early reply's event; its first unit (or its end) stops the decodes.
     fn keep(&mut self, e: Event) {
-        if self.hold.is_none() && matches!(e, Event::Sentence { .. } | Event::Done { .. } | Event::Error { .. }) {
+        if self.hold_until.is_none() && matches!(e, Event::Sentence { .. } | Event::Done { .. } | Event::Error { .. }) {
             self.hold = Some(kazeia_engine::SpeechHold::take());
+            self.hold_until = Some(tokio::time::Instant::now() + kazeia_engine::MAX_HOLD);
         }
         self.kept.push(e);
-    }
-
-    /// Not the turn's reply: stop it and wait until it has stopped (within one decode step);
-    /// its events are never sent.
-    async fn drop_it(mut self) {
-        // Its hold first: a decode waiting on it would not see the cancel for `MAX_HOLD`.
-        self.hold = None;
-        self.cancel.cancel();
-        if let Some(run) = self.run.take() {
-            run.await;
-        }
     }
 }
 

@@ -464,8 +464,8 @@ async fn send_paced(c: &Client, id: &str, samples: &[f32]) {
     }
 }
 
-/// What a voice turn sent, in order: `T` final transcript, `t` partial transcript, `R` anything
-/// of the reply (verdict, token, sentence, audio); and its `done`.
+/// What a voice turn sent, in order: `T` final transcript, `t` partial transcript, `I` an input
+/// verdict, `R` anything else of the reply (verdict, token, sentence, audio); and its `done`.
 async fn voice_turn(
     d: &Daemon,
     c: &Client,
@@ -495,6 +495,7 @@ async fn voice_turn(
                     transcripts.push(text);
                 }
             }
+            Incoming::Event(Event::Verdict { stage, .. }) if stage == "input" => order.push('I'),
             Incoming::Event(Event::Token { text, .. }) => {
                 order.push('R');
                 tokens.push_str(&text);
@@ -539,8 +540,9 @@ async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
     assert!(wer(question, &transcripts[0]) <= 0.34, "{transcripts:?}");
     // Released only after the final transcript, and there was a reply.
     let final_at = order.find('T').unwrap();
-    assert!(!order[..final_at].contains('R'), "reply events before the end of the turn: {order}");
+    assert!(!order[..final_at].contains(['R', 'I']), "reply events before the end of the turn: {order}");
     assert!(order[final_at..].contains('R'), "{order}");
+    assert_eq!(order.matches('I').count(), 1, "{order}");
     assert!(tokens.contains("Paris"), "{tokens:?}");
     // The turn ended at the longest silence, after several verdicts; the reply had started.
     assert!(metrics.turn_checks >= Some(2), "{metrics:?}");
@@ -572,17 +574,18 @@ async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
     assert!(with >= without + 10, "the session's history is missing: {with} vs {without} prompt tokens");
 }
 
-/// The user goes on after a pause long enough for the early reply to start (2.5 s, after "So I
-/// was wondering if you could,", which the end-of-turn model doubts): that reply is dropped,
-/// nothing of it leaves, and the turn answers the whole utterance, once.
+/// The user goes on after a pause long enough for the early reply to start (4 s, after "So I
+/// was wondering if you could,"; the end-of-turn model doubts everything, threshold 0.9999):
+/// that reply is dropped, nothing of it leaves (one input verdict, after the final transcript),
+/// and the turn answers the whole utterance, from the early reply started at its last pause.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_early_reply_is_dropped_when_the_user_goes_on() {
-    let d = Daemon::start(&format!("{}turn_max_silence = \"5s\"\n", config_text()));
+    let d = Daemon::start(&format!("{}turn_threshold = 0.9999\nturn_max_silence = \"6s\"\n", config_text()));
     let c = d.client().await;
     let (first, second) = ("So I was wondering if you could,", "tell me what the capital of France is?");
     let mut utterance = vec![0.0; 3_200];
     utterance.extend(spoken(first));
-    utterance.extend(vec![0.0; 40_000]);
+    utterance.extend(vec![0.0; 64_000]);
     utterance.extend(spoken(second));
     let (id, mut rx) = start(&c, "voice").await;
     let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
@@ -594,6 +597,8 @@ async fn an_early_reply_is_dropped_when_the_user_goes_on() {
     let whole = format!("{first} {second}");
     assert!(wer(&whole, &transcripts[0]) <= 0.25, "{:?} for {whole:?}", transcripts[0]);
     let final_at = order.find('T').unwrap();
-    assert!(!order[..final_at].contains('R'), "reply events before the end of the turn: {order}");
+    assert!(!order[..final_at].contains(['R', 'I']), "reply events before the end of the turn: {order}");
+    assert_eq!(order.matches('I').count(), 1, "{order}");
+    assert!(metrics.early_start_ms.is_some(), "{metrics:?}");
     assert!(tokens.contains("Paris"), "{tokens:?}");
 }
