@@ -602,3 +602,54 @@ async fn an_early_reply_is_dropped_when_the_user_goes_on() {
     assert!(metrics.early_start_ms.is_some(), "{metrics:?}");
     assert!(tokens.contains("Paris"), "{tokens:?}");
 }
+
+/// A dropped early reply never joins the session, even one that had ended: with a 3-token
+/// reply, the early reply to "So I was wondering if you could," is done during the 6 s pause
+/// (it waits at the session's door for the turn), then the user goes on. The session then holds
+/// only the turn's own exchange: a follow-up there has the prompt of one in a session given the
+/// same exchange as a text turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_early_reply_never_joins_the_session() {
+    let d = Daemon::start(&format!("{}turn_threshold = 0.9999\nturn_max_silence = \"9s\"\n", config_text()));
+    let c = d.client().await;
+    let (first, second) = ("So I was wondering if you could,", "tell me what the capital of France is?");
+    let mut utterance = vec![0.0; 3_200];
+    utterance.extend(spoken(first));
+    utterance.extend(vec![0.0; 96_000]);
+    utterance.extend(spoken(second));
+    let turn = |pipeline: &str, text: Option<String>, session: &str, max_tokens: u32| Request::Turn {
+        id: c.new_id(),
+        pipeline: pipeline.into(),
+        text: text.clone(),
+        audio: text.is_none().then_some(AudioSpec { sample_rate: 16_000, channels: 1 }),
+        session: Some(session.into()),
+        options: TurnOptions { max_tokens: Some(max_tokens), temperature: Some(0.0), ..Default::default() },
+    };
+    let req = turn("voice", None, "spoken", 3);
+    let Request::Turn { id, .. } = &req else { unreachable!() };
+    let id = id.clone();
+    let mut rx = c.send(req).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
+    let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
+    eprintln!("{order} {transcripts:?} {tokens:?} {metrics:?}");
+    assert!(d.log().contains("the early reply is dropped"), "{}", d.log());
+    assert_eq!(transcripts.len(), 1, "{order}");
+    // The same exchange as a text turn, in another session.
+    let run = |req: Request| {
+        let c = &c;
+        async move {
+            let mut rx = c.send(req).await.unwrap();
+            loop {
+                match rx.recv().await.expect("open") {
+                    Incoming::Event(Event::Done { metrics, .. }) => break metrics.prompt_tokens,
+                    Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+                    _ => {}
+                }
+            }
+        }
+    };
+    run(turn("chat", Some(transcripts[0].clone()), "typed", 3)).await;
+    let spoken_follow_up = run(turn("chat", Some("Thanks.".into()), "spoken", 1)).await;
+    let typed_follow_up = run(turn("chat", Some("Thanks.".into()), "typed", 1)).await;
+    assert_eq!(spoken_follow_up, typed_follow_up, "the dropped early reply joined the session");
+}
