@@ -52,19 +52,53 @@ async fn send_audio(c: &Client, id: &str, samples: &[f32], last: bool) {
     }
 }
 
-async fn start(c: &Client, pipeline: &str) -> (String, tokio::sync::mpsc::UnboundedReceiver<Incoming>) {
-    let id = c.new_id();
-    let req = Request::Turn {
-        id: id.clone(),
+/// A turn of `pipeline`: on `text`, or (None) on 16 kHz mono audio frames to come.
+fn request(c: &Client, pipeline: &str, text: Option<&str>, session: Option<&str>, options: TurnOptions) -> Request {
+    Request::Turn {
+        id: c.new_id(),
         pipeline: pipeline.into(),
-        text: None,
-        audio: Some(AudioSpec { sample_rate: 16_000, channels: 1 }),
-        session: None,
-        options: TurnOptions::default(),
-    };
+        text: text.map(str::to_string),
+        audio: text.is_none().then_some(AudioSpec { sample_rate: 16_000, channels: 1 }),
+        session: session.map(str::to_string),
+        options,
+    }
+}
+
+/// Send a turn and read its `accepted`: its id, and the rest of its events.
+async fn open(c: &Client, req: Request) -> (String, tokio::sync::mpsc::UnboundedReceiver<Incoming>) {
+    let Request::Turn { id, .. } = &req else { panic!("not a turn: {req:?}") };
+    let id = id.clone();
     let mut rx = c.send(req).await.unwrap();
     assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
     (id, rx)
+}
+
+/// An audio turn of `pipeline`, outside any session.
+async fn start(c: &Client, pipeline: &str) -> (String, tokio::sync::mpsc::UnboundedReceiver<Incoming>) {
+    open(c, request(c, pipeline, None, None, TurnOptions::default())).await
+}
+
+/// Run a text turn to its end: the prompt tokens its Thinker saw.
+async fn prompt_tokens(c: &Client, req: Request) -> u32 {
+    let (_, mut rx) = open(c, req).await;
+    loop {
+        match rx.recv().await.expect("open") {
+            Incoming::Event(Event::Done { metrics, .. }) => return metrics.prompt_tokens,
+            Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+            _ => {}
+        }
+    }
+}
+
+/// A hesitation: "So I was wondering if you could,", `pause` samples of silence, then "tell me
+/// what the capital of France is?" (after 200 ms of silence); and the words of the whole.
+fn hesitation(pause: usize) -> (Vec<f32>, String) {
+    let (first, second) = ("So I was wondering if you could,", "tell me what the capital of France is?");
+    let mut utterance = vec![0.0; 3_200];
+    utterance.extend(spoken(first));
+    utterance.extend(vec![0.0; pause]);
+    utterance.extend(spoken(second));
+    (utterance, format!("{first} {second}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -523,17 +557,7 @@ async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
     let question = "What is the capital of France?";
     let mut utterance = vec![0.0; 3_200];
     utterance.extend(spoken(question));
-    let id = c.new_id();
-    let req = Request::Turn {
-        id: id.clone(),
-        pipeline: "voice".into(),
-        text: None,
-        audio: Some(AudioSpec { sample_rate: 16_000, channels: 1 }),
-        session: Some("early".into()),
-        options: TurnOptions::default(),
-    };
-    let mut rx = c.send(req).await.unwrap();
-    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
+    let (id, mut rx) = open(&c, request(&c, "voice", None, Some("early"), TurnOptions::default())).await;
     let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
     eprintln!("{order} {transcripts:?} {tokens:?} {metrics:?}");
     assert_eq!(transcripts.len(), 1, "{order}");
@@ -550,27 +574,10 @@ async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
     assert!(lead > 0.0, "{metrics:?}");
     assert!(d.log().contains("the early reply is the turn's"), "{}", d.log());
     // The exchange joined the session: the same follow-up there carries it in its prompt.
-    let follow = |session: &str| {
-        let c = &c;
-        let session = session.to_string();
-        async move {
-            let req = Request::Turn {
-                id: c.new_id(),
-                pipeline: "chat".into(),
-                text: Some("Thanks.".into()),
-                audio: None,
-                session: Some(session),
-                options: TurnOptions { max_tokens: Some(4), ..Default::default() },
-            };
-            let mut rx = c.send(req).await.unwrap();
-            loop {
-                if let Some(Incoming::Event(Event::Done { metrics, .. })) = rx.recv().await {
-                    break metrics.prompt_tokens;
-                }
-            }
-        }
+    let follow = |session| {
+        request(&c, "chat", Some("Thanks."), Some(session), TurnOptions { max_tokens: Some(4), ..Default::default() })
     };
-    let (with, without) = (follow("early").await, follow("fresh").await);
+    let (with, without) = (prompt_tokens(&c, follow("early")).await, prompt_tokens(&c, follow("fresh")).await);
     assert!(with >= without + 10, "the session's history is missing: {with} vs {without} prompt tokens");
 }
 
@@ -582,11 +589,7 @@ async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
 async fn an_early_reply_is_dropped_when_the_user_goes_on() {
     let d = Daemon::start(&format!("{}turn_threshold = 0.9999\nturn_max_silence = \"6s\"\n", config_text()));
     let c = d.client().await;
-    let (first, second) = ("So I was wondering if you could,", "tell me what the capital of France is?");
-    let mut utterance = vec![0.0; 3_200];
-    utterance.extend(spoken(first));
-    utterance.extend(vec![0.0; 64_000]);
-    utterance.extend(spoken(second));
+    let (utterance, whole) = hesitation(64_000);
     let (id, mut rx) = start(&c, "voice").await;
     let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
     eprintln!("{order} {transcripts:?} {tokens:?} {metrics:?}");
@@ -594,7 +597,6 @@ async fn an_early_reply_is_dropped_when_the_user_goes_on() {
     assert!(log.contains("the reply starts before the end of the turn"), "no early start\n{log}");
     assert!(log.contains("the early reply is dropped"), "{log}");
     assert_eq!(transcripts.len(), 1, "{order}");
-    let whole = format!("{first} {second}");
     assert!(wer(&whole, &transcripts[0]) <= 0.25, "{:?} for {whole:?}", transcripts[0]);
     let final_at = order.find('T').unwrap();
     assert!(!order[..final_at].contains(['R', 'I']), "reply events before the end of the turn: {order}");
@@ -612,44 +614,19 @@ async fn an_early_reply_is_dropped_when_the_user_goes_on() {
 async fn a_dropped_early_reply_never_joins_the_session() {
     let d = Daemon::start(&format!("{}turn_threshold = 0.9999\nturn_max_silence = \"9s\"\n", config_text()));
     let c = d.client().await;
-    let (first, second) = ("So I was wondering if you could,", "tell me what the capital of France is?");
-    let mut utterance = vec![0.0; 3_200];
-    utterance.extend(spoken(first));
-    utterance.extend(vec![0.0; 96_000]);
-    utterance.extend(spoken(second));
-    let turn = |pipeline: &str, text: Option<String>, session: &str, max_tokens: u32| Request::Turn {
-        id: c.new_id(),
-        pipeline: pipeline.into(),
-        text: text.clone(),
-        audio: text.is_none().then_some(AudioSpec { sample_rate: 16_000, channels: 1 }),
-        session: Some(session.into()),
-        options: TurnOptions { max_tokens: Some(max_tokens), temperature: Some(0.0), ..Default::default() },
+    let (utterance, _) = hesitation(96_000);
+    let turn = |pipeline, text, session, max_tokens| {
+        let options = TurnOptions { max_tokens: Some(max_tokens), temperature: Some(0.0), ..Default::default() };
+        request(&c, pipeline, text, Some(session), options)
     };
-    let req = turn("voice", None, "spoken", 3);
-    let Request::Turn { id, .. } = &req else { unreachable!() };
-    let id = id.clone();
-    let mut rx = c.send(req).await.unwrap();
-    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
+    let (id, mut rx) = open(&c, turn("voice", None, "spoken", 3)).await;
     let (order, transcripts, tokens, metrics) = voice_turn(&d, &c, &id, &mut rx, &utterance).await;
     eprintln!("{order} {transcripts:?} {tokens:?} {metrics:?}");
     assert!(d.log().contains("the early reply is dropped"), "{}", d.log());
     assert_eq!(transcripts.len(), 1, "{order}");
     // The same exchange as a text turn, in another session.
-    let run = |req: Request| {
-        let c = &c;
-        async move {
-            let mut rx = c.send(req).await.unwrap();
-            loop {
-                match rx.recv().await.expect("open") {
-                    Incoming::Event(Event::Done { metrics, .. }) => break metrics.prompt_tokens,
-                    Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
-                    _ => {}
-                }
-            }
-        }
-    };
-    run(turn("chat", Some(transcripts[0].clone()), "typed", 3)).await;
-    let spoken_follow_up = run(turn("chat", Some("Thanks.".into()), "spoken", 1)).await;
-    let typed_follow_up = run(turn("chat", Some("Thanks.".into()), "typed", 1)).await;
+    prompt_tokens(&c, turn("chat", Some(&transcripts[0]), "typed", 3)).await;
+    let spoken_follow_up = prompt_tokens(&c, turn("chat", Some("Thanks."), "spoken", 1)).await;
+    let typed_follow_up = prompt_tokens(&c, turn("chat", Some("Thanks."), "typed", 1)).await;
     assert_eq!(spoken_follow_up, typed_follow_up, "the dropped early reply joined the session");
 }
