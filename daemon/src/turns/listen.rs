@@ -16,7 +16,8 @@
 //! model still says "not yet", the task says so (`Heard::Early`) and the turn starts its reply
 //! on it, releasing nothing until the turn ends (`Heard::Transcript`); speech after it
 //! (`Heard::Resumed`) makes the turn drop that work. A turn the model doubts until
-//! `turn_max_silence` (3 s) then answers at once instead of starting only then.
+//! `turn_max_silence` (3 s) then has its first unit written and checked when it ends, instead
+//! of starting only then.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -190,8 +190,7 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
             tracing::info!(conn = turn.who.conn, lead_ms = lead, "the early reply is the turn's");
             (Some(r), Some(lead))
         }
-        other => {
-            let mut other = other;
+        mut other => {
             drop_early(&mut other, &mut dropped);
             (None, None)
         }
