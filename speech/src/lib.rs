@@ -77,13 +77,17 @@ impl Transcriber {
         Ok(out)
     }
 
+    /// `hint`: the token ids of an earlier transcript of the same speech ([`Transcript::ids`]),
+    /// or none: the decoder's guess, which gives the same text in fewer calls (see
+    /// [`Whisper::transcribe_window`]).
     pub fn transcribe(
         &mut self,
         audio: &[f32],
         language: Option<&str>,
+        hint: &[u32],
         cancel: &dyn Fn() -> bool,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, cancel, None)
+        self.run(audio, language, hint, cancel, None)
     }
 
     /// As [`Transcriber::transcribe`], stopped by `stop` (inside the encoder too).
@@ -91,15 +95,17 @@ impl Transcriber {
         &mut self,
         audio: &[f32],
         language: Option<&str>,
+        hint: &[u32],
         stop: &Stop,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, &|| stop.is_stopped(), Some(stop))
+        self.run(audio, language, hint, &|| stop.is_stopped(), Some(stop))
     }
 
     fn run(
         &mut self,
         audio: &[f32],
         language: Option<&str>,
+        hint: &[u32],
         cancel: &dyn Fn() -> bool,
         stop: Option<&Stop>,
     ) -> Result<Transcript, SpeechError> {
@@ -112,6 +118,8 @@ impl Transcriber {
             decoder_ms: 0.0,
             no_speech_prob: 1.0,
             avg_logprob: 0.0,
+            ids: Vec::new(),
+            decoder_calls: 0,
         };
         let (mut logprob_sum, mut scored) = (0.0, 0usize);
         for w in self.windows(audio)? {
@@ -122,6 +130,7 @@ impl Transcriber {
                 &audio[w.start..w.end],
                 lang.as_deref(),
                 &self.candidates,
+                hint,
                 cancel,
                 stop.map(Stop::options),
             )?;
@@ -132,6 +141,8 @@ impl Transcriber {
             all.text.push_str(&t.text);
             all.language = t.language;
             all.tokens += t.tokens;
+            all.ids.extend(&t.ids);
+            all.decoder_calls += t.decoder_calls;
             all.encoder_ms += t.encoder_ms;
             all.decoder_ms += t.decoder_ms;
             all.no_speech_prob = all.no_speech_prob.min(t.no_speech_prob);

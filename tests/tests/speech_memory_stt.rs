@@ -18,7 +18,7 @@ fn the_stt_stack_stays_within_its_estimate() {
     let before = proc_status_bytes("VmRSS");
     let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let speech: Vec<f32> = (0..16_000 * 3).map(|i| ((i as f32) * 0.05).sin() * 0.1).collect();
-    stt.transcribe(&speech, Some("en"), &|| false).unwrap();
+    stt.transcribe(&speech, Some("en"), &[], &|| false).unwrap();
     let mut eot = kazeia_daemon::speech::EndOfTurn::load(&turn, c.speech.backend).unwrap();
     eot.probability(&speech).unwrap();
     let peak = proc_status_bytes("VmHWM") - before;

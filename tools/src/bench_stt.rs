@@ -128,7 +128,7 @@ fn main() -> Result<()> {
         let mut ours_once = || -> Result<(f64, String)> {
             let t = Instant::now();
             let samples = audio::read_wav(path).map_err(|e| anyhow!("{e}"))?;
-            let text = stt.transcribe(&samples, Some("en"), &|| false).map_err(|e| anyhow!("{e}"))?.text;
+            let text = stt.transcribe(&samples, Some("en"), &[], &|| false).map_err(|e| anyhow!("{e}"))?.text;
             Ok((t.elapsed().as_secs_f64(), text))
         };
         // Both warmed alike: one untimed run of this clip each.

@@ -153,7 +153,7 @@ fn speech_row(config: &Config, role: &str, file: &str) -> Result<String> {
             let mut stt = speech::transcriber(config).map_err(|e| anyhow!("stt: {e}"))?;
             // Two seconds of a tone: the encoder's whole window and a few decoder steps run.
             let tone: Vec<f32> = (0..32_000).map(|i| 0.1 * (i as f32 * 0.05).sin()).collect();
-            let heard = stt.transcribe(&tone, Some("en"), &|| false).map_err(|e| anyhow!("stt: {e}"))?;
+            let heard = stt.transcribe(&tone, Some("en"), &[], &|| false).map_err(|e| anyhow!("stt: {e}"))?;
             std::mem::forget(stt);
             Ok(format!("Whisper + VAD loaded, a 2 s clip transcribed ({:?})", heard.text))
         }

@@ -30,8 +30,15 @@ pub struct Draft {
 }
 
 impl Draft {
-    /// Transcribe `samples` (the utterance so far) on a new thread.
-    pub fn start(stack: Arc<SpeechStack>, samples: Vec<f32>, language: Option<String>) -> Result<Draft, SpeechError> {
+    /// Transcribe `samples` (the utterance so far) on a new thread; `hint`: the token ids of
+    /// the latest draft of the same utterance, Whisper's guess (the same text in fewer decoder
+    /// calls: most of a draft is the one before it).
+    pub fn start(
+        stack: Arc<SpeechStack>,
+        samples: Vec<f32>,
+        language: Option<String>,
+        hint: Vec<u32>,
+    ) -> Result<Draft, SpeechError> {
         let stop = Arc::new(Stop::new()?);
         let (tx, result) = mpsc::channel();
         let covers = samples.len();
@@ -45,7 +52,7 @@ impl Draft {
                 let t = if s.is_stopped() {
                     Err(SpeechError::Run("stopped".into()))
                 } else {
-                    stt.transcribe_until(&samples, language.as_deref(), &s)
+                    stt.transcribe_until(&samples, language.as_deref(), &hint, &s)
                 };
                 drop(stt);
                 let _ = tx.send(t.map(|t| (t, Instant::now())));
@@ -84,6 +91,7 @@ impl Drop for Draft {
             // A draft still running is stopped (its result was not awaited); one that ended is
             // only joined.
             if !t.is_finished() {
+                tracing::debug!(covers = self.covers, "draft stopped");
                 self.stop.stop();
             }
             let _ = t.join();

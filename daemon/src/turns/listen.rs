@@ -144,7 +144,8 @@ pub fn whole(
     let (tx, rx) = mpsc::unbounded_channel();
     let handle = tokio::task::spawn_blocking(move || {
         let speech_end = Instant::now();
-        let _ = tx.send(transcribe(&sup, &samples, None, &turn, speech_end, 0.0, 0));
+        let ending = Ending { speech_end, end_of_turn_ms: 0.0, stt_ms: 0.0, turn_checks: 0 };
+        let _ = tx.send(transcribe(&sup, &samples, &[], None, &turn, ending));
     });
     (rx, Task { stop: CancellationToken::new(), handle })
 }
@@ -155,11 +156,10 @@ pub fn whole(
 fn transcribe(
     sup: &Supervisor,
     samples: &[f32],
+    hint: &[u32],
     speech: Option<bool>,
     cancel: &CancellationToken,
-    speech_end: Instant,
-    end_of_turn_ms: f64,
-    turn_checks: u32,
+    ending: Ending,
 ) -> Heard {
     if samples.len() < 1_600 {
         return Heard::Failed(ErrorCode::BadRequest, "no speech in the audio (under 100 ms)".into());
@@ -181,14 +181,21 @@ fn transcribe(
     if !speech {
         return Heard::Failed(ErrorCode::NoSpeech, "no speech heard in the audio".into());
     }
-    let t = stt.transcribe(samples, language.as_deref(), &|| cancel.is_cancelled());
+    let t = stt.transcribe(samples, language.as_deref(), hint, &|| cancel.is_cancelled());
     drop(stt);
     let stt_ms = start.elapsed().as_secs_f64() * 1e3;
     if let Ok(t) = &t {
-        tracing::debug!(stt_ms, encoder_ms = t.encoder_ms, decoder_ms = t.decoder_ms, tokens = t.tokens, "transcribed");
+        tracing::debug!(
+            stt_ms,
+            encoder_ms = t.encoder_ms,
+            decoder_ms = t.decoder_ms,
+            tokens = t.tokens,
+            decoder_calls = t.decoder_calls,
+            "transcribed"
+        );
     }
     match t {
-        Ok(t) => heard_in(sup, t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks }),
+        Ok(t) => heard_in(sup, t, Ending { stt_ms, ..ending }),
         Err(e) => Heard::Failed(e.code(), e.to_string()),
     }
 }
@@ -261,11 +268,18 @@ fn listen(
     // transcript of the turn cannot be it).
     let mut draft: Option<Draft> = None;
     let mut spoke_since_draft = false;
+    // The token ids of the latest draft that ended: the next one's guess.
+    let mut hint: Vec<u32> = Vec::new();
     // An `Early` transcript was sent and no speech came after it.
     let mut early = false;
     let partial_n = vad::samples(s.partial_every);
     let lang = language(sup);
-    let new_draft = |utterance: &[f32]| match Draft::start(stack.clone(), utterance.to_vec(), lang.clone()) {
+    let new_draft = |utterance: &[f32], hint: &[u32]| match Draft::start(
+        stack.clone(),
+        utterance.to_vec(),
+        lang.clone(),
+        hint.to_vec(),
+    ) {
         Ok(d) => Some(d),
         Err(e) => {
             tracing::warn!("{e}");
@@ -298,6 +312,15 @@ fn listen(
             return;
         }
         if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
+            tracing::debug!(
+                encoder_ms = t.encoder_ms,
+                decoder_ms = t.decoder_ms,
+                tokens = t.tokens,
+                decoder_calls = t.decoder_calls,
+                hint = hint.len(),
+                "draft ready"
+            );
+            hint.clone_from(&t.ids);
             if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
                 partial(t);
                 // The draft of the whole utterance, started at the pause the model doubts:
@@ -336,7 +359,7 @@ fn listen(
                     // The transcript starts now, beside the verdict; an older draft stops
                     // first (it holds the transcriber).
                     drop(draft.take());
-                    draft = new_draft(&utterance);
+                    draft = new_draft(&utterance, &hint);
                     spoke_since_draft = false;
                     if complete(&utterance, &mut checks) {
                         break Some(silence);
@@ -362,7 +385,7 @@ fn listen(
                         && !draft.as_ref().is_some_and(Draft::is_running)
                         && utterance.len() >= draft.as_ref().map_or(0, |d| d.covers) + partial_n =>
                     {
-                        draft = new_draft(&utterance);
+                        draft = new_draft(&utterance, &hint);
                         spoke_since_draft = true;
                     }
                     _ => {}
@@ -402,6 +425,8 @@ fn listen(
                         stt_ms,
                         encoder_ms = t.encoder_ms,
                         decoder_ms = t.decoder_ms,
+                        tokens = t.tokens,
+                        decoder_calls = t.decoder_calls,
                         "transcribed (draft)"
                     );
                     Some(heard_in(sup, t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks }))
@@ -414,8 +439,10 @@ fn listen(
         }
         _ => None,
     };
-    let t = drafted
-        .unwrap_or_else(|| transcribe(sup, &utterance, Some(speaking), turn, speech_end, end_of_turn_ms, checks));
+    let t = drafted.unwrap_or_else(|| {
+        let ending = Ending { speech_end, end_of_turn_ms, stt_ms: 0.0, turn_checks: checks };
+        transcribe(sup, &utterance, &hint, Some(speaking), turn, ending)
+    });
     let failed = matches!(t, Heard::Failed(..));
     let _ = heard.send(t);
     if failed || (!segment_end && ended(&ring)) {

@@ -181,7 +181,7 @@ async fn transcribe_and_voice_over_the_socket() {
     let reply = audio::resample(&reply_pcm, rate, 16_000);
     assert!(reply.len() > 16_000, "{} samples", reply.len());
     let mut stt = kazeia_daemon::speech::transcriber(&local_config()).unwrap();
-    let said = stt.transcribe(&reply, Some("en"), &|| false).unwrap().text;
+    let said = stt.transcribe(&reply, Some("en"), &[], &|| false).unwrap().text;
     // Its key word, heard back (a whole-sentence WER is too harsh on six words: "capital of
     // Francis Paris" for "capital of France is Paris" is two edits).
     assert!(said.contains("Paris"), "reply audio says {said:?} for tokens {tokens:?}");
@@ -213,7 +213,7 @@ async fn transcribe_and_voice_over_the_socket() {
         }
     }
     assert!(last);
-    let said = stt.transcribe(&audio::resample(&pcm, rate, 16_000), Some("en"), &|| false).unwrap().text;
+    let said = stt.transcribe(&audio::resample(&pcm, rate, 16_000), Some("en"), &[], &|| false).unwrap().text;
     assert!(wer(REPORT, &said) <= 0.25, "{said:?}");
 }
 

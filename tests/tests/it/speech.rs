@@ -53,7 +53,7 @@ fn english_from_the_piper_voice_transcribes_within_10_percent_wer() {
     let (mut errors, mut words) = (0, 0);
     for text in ENGLISH {
         let clip = speak(voice.as_mut(), text);
-        let t = stt.transcribe(&clip, Some("en"), &|| false).unwrap();
+        let t = stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap();
         let (e, n) = word_errors(text, &t.text);
         eprintln!("{e}/{n}  {text:?} -> {:?}", t.text);
         errors += e;
@@ -70,9 +70,23 @@ fn language_is_detected_among_the_configured_ones() {
     let c = cfg();
     let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let en = speak(voice_for(&c, "en").unwrap().as_mut(), ENGLISH[0]);
-    assert_eq!(stt.transcribe(&en, None, &|| false).unwrap().language, "en");
     let fr = speak(voice_for(&c, "fr").unwrap().as_mut(), FRENCH[2]);
-    assert_eq!(stt.transcribe(&fr, None, &|| false).unwrap().language, "fr");
+    // Detection guesses the language it found last: first no guess, then a wrong one, then a
+    // right one. Each gives the same transcript as the language given outright.
+    let first = stt.transcribe(&en, None, &[], &|| false).unwrap();
+    assert_eq!(first.language, "en");
+    let wrong = stt.transcribe(&fr, None, &[], &|| false).unwrap();
+    assert_eq!(wrong.language, "fr");
+    let right = stt.transcribe(&fr, None, &[], &|| false).unwrap();
+    let given = stt.transcribe(&fr, Some("fr"), &[], &|| false).unwrap();
+    assert_eq!((&wrong.text, &right.text), (&given.text, &given.text));
+    // Given: the prompt in one call. Guessed right: the same. Guessed wrong, or nothing to
+    // guess: a second call for the prompt.
+    assert_eq!(right.decoder_calls, given.decoder_calls, "{right:?}");
+    assert_eq!(wrong.decoder_calls, given.decoder_calls + 1, "{wrong:?}");
+    let again = stt.transcribe(&en, Some("en"), &[], &|| false).unwrap();
+    assert_eq!(first.decoder_calls, again.decoder_calls + 1, "{first:?}");
+    assert_eq!(first.text, again.text);
 }
 
 #[test]
@@ -90,7 +104,7 @@ fn french_from_espeak_matches_the_reference_implementation() {
         let f = dir.path().join(format!("fr{i}.wav"));
         audio::write_wav(&f, &clip, 16_000).unwrap();
         // Read back from the file, as the reference reads it.
-        let t = stt.transcribe(&audio::read_wav(&f).unwrap(), Some("fr"), &|| false).unwrap();
+        let t = stt.transcribe(&audio::read_wav(&f).unwrap(), Some("fr"), &[], &|| false).unwrap();
         ours.push(t.text);
         files.push(f);
     }
@@ -165,7 +179,7 @@ fn audio_over_30_seconds_is_cut_at_pauses() {
     let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let windows = stt.windows(&rec).unwrap();
     assert!(windows.len() >= 2 && windows.iter().all(|w| w.end - w.start <= 30 * 16_000), "{windows:?}");
-    let t = stt.transcribe(&rec, Some("en"), &|| false).unwrap();
+    let t = stt.transcribe(&rec, Some("en"), &[], &|| false).unwrap();
     let (e, n) = word_errors(&said, &t.text);
     eprintln!("{:.0} s in {} windows: WER {}/{n}", rec.len() as f64 / 16_000.0, windows.len(), e);
     assert!((e as f64 / n as f64) <= 0.10, "{:?}", t.text);
@@ -276,7 +290,7 @@ fn text_starting_with_a_dash_is_spoken_whole() {
         eprintln!("{text:?}: {} samples, {plain:?}: {}", clip.len(), whole.len());
         assert!(clip.len() * 5 >= whole.len() * 4, "{text:?}: {} samples against {}", clip.len(), whole.len());
         if lang == "en" {
-            let heard = stt.transcribe(&clip, Some(lang), &|| false).unwrap().text;
+            let heard = stt.transcribe(&clip, Some(lang), &[], &|| false).unwrap().text;
             let (e, n) = word_errors(plain, &heard);
             eprintln!("{text:?} -> {heard:?} ({e}/{n})");
             assert!(e * 4 <= n, "{text:?} was heard as {heard:?}");
@@ -307,7 +321,7 @@ fn piper_hands_each_clause_over_as_soon_as_it_exists() {
     assert!(lens.iter().all(|&n| n > 2_000), "every clause is spoken: {lens:?}");
     assert_eq!(joined, en.synthesize(text).unwrap(), "the pieces are the sentence's audio");
     let heard =
-        stt.transcribe(&audio::resample(&joined, en.sample_rate(), 16_000), Some("en"), &|| false).unwrap().text;
+        stt.transcribe(&audio::resample(&joined, en.sample_rate(), 16_000), Some("en"), &[], &|| false).unwrap().text;
     let (e, n) = word_errors(text, &heard);
     eprintln!("heard {heard:?} ({e}/{n})");
     assert!(e * 4 <= n, "{text:?} was heard as {heard:?}");
@@ -342,14 +356,68 @@ fn whisper_says_when_it_heard_no_speech() {
         })
         .collect();
     for (name, clip) in [("silence", silence(2.0)), ("hiss", hiss)] {
-        let t = stt.transcribe(&clip, Some("en"), &|| false).unwrap();
+        let t = stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap();
         eprintln!("{name}: {:?} no_speech {:.3} logprob {:.2}", t.text, t.no_speech_prob, t.avg_logprob);
         assert!(t.is_no_speech(th), "{name}: {t:?}");
     }
     let mut voice = voice_for(&c, "en").unwrap();
     for text in ENGLISH {
-        let t = stt.transcribe(&speak(voice.as_mut(), text), Some("en"), &|| false).unwrap();
+        let t = stt.transcribe(&speak(voice.as_mut(), text), Some("en"), &[], &|| false).unwrap();
         eprintln!("{text:?}: no_speech {:.3} logprob {:.2}", t.no_speech_prob, t.avg_logprob);
         assert!(!t.is_no_speech(th), "{text:?}: {t:?}");
     }
+}
+
+/// A hint (an earlier transcript's token ids, as the daemon's drafts pass on) changes the
+/// number of decoder calls, never the transcript: each token is still the greedy choice, and a
+/// wrong guess is cut from the cache. Whole, half, one token changed, another sentence's,
+/// the draft of the first 60% of the speech: the same ids as no hint.
+#[test]
+fn a_hint_saves_decoder_calls_and_never_changes_the_transcript() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut en = voice_for(&c, "en").unwrap();
+    let mut fr = voice_for(&c, "fr").unwrap();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    let clips: Vec<(Vec<f32>, Option<&str>)> = ENGLISH
+        .iter()
+        .map(|t| (speak(en.as_mut(), t), Some("en")))
+        .chain(FRENCH[..2].iter().map(|t| (speak(fr.as_mut(), t), None)))
+        .collect();
+    let other = stt.transcribe(&clips[1].0, Some("en"), &[], &|| false).unwrap().ids;
+    let (mut plain_calls, mut whole_calls) = (0, 0);
+    for (clip, lang) in &clips {
+        let plain = stt.transcribe(clip, *lang, &[], &|| false).unwrap();
+        assert!(plain.ids.len() > 5, "{plain:?}");
+        // A given language: the prompt is one call, then one per token (the last picks the end).
+        if lang.is_some() {
+            assert_eq!(plain.decoder_calls, plain.ids.len() + 1, "{plain:?}");
+        }
+        let mut changed = plain.ids.clone();
+        let mid = changed.len() / 2;
+        changed[mid] = changed[mid - 1];
+        let draft = stt.transcribe(&clip[..clip.len() * 6 / 10], *lang, &[], &|| false).unwrap().ids;
+        let hints = [
+            ("whole", plain.ids.clone()),
+            ("half", plain.ids[..mid].to_vec()),
+            ("one token changed", changed),
+            ("another sentence", other.clone()),
+            ("draft of 60%", draft),
+        ];
+        for (name, hint) in hints {
+            let t = stt.transcribe(clip, *lang, &hint, &|| false).unwrap();
+            eprintln!(
+                "{name}: {} calls, decoder {:.0} ms, against {} calls, {:.0} ms: {:?}",
+                t.decoder_calls, t.decoder_ms, plain.decoder_calls, plain.decoder_ms, t.text
+            );
+            assert_eq!((&t.ids, &t.text), (&plain.ids, &plain.text), "hint {name}");
+            assert!(t.decoder_calls <= plain.decoder_calls, "hint {name}: {t:?}");
+            if name == "whole" {
+                whole_calls += t.decoder_calls;
+                plain_calls += plain.decoder_calls;
+            }
+        }
+    }
+    // The right guess: a sentence in one or two calls, not one per token.
+    assert!(whole_calls * 4 <= plain_calls, "{whole_calls} calls with the whole hint, {plain_calls} without");
 }
