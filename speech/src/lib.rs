@@ -122,10 +122,12 @@ impl Transcriber {
             decoder_calls: 0,
         };
         let (mut logprob_sum, mut scored) = (0.0, 0usize);
-        for w in self.windows(audio)? {
+        for (i, w) in self.windows(audio)?.into_iter().enumerate() {
             if cancel() {
                 break;
             }
+            // The hint starts where the audio does: later windows would only guess its start.
+            let hint = if i == 0 { hint } else { &[] };
             let t = self.whisper.transcribe_window(
                 &audio[w.start..w.end],
                 lang.as_deref(),

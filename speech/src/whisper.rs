@@ -94,7 +94,9 @@ pub struct Transcript {
     /// guess ([`Whisper::transcribe_window`]'s `hint`).
     #[serde(skip)]
     pub ids: Vec<u32>,
-    /// Decoder calls made (the prompt and every token, or fewer where guesses held).
+    /// Decoder runs made: one for a given or rightly guessed language's prompt (two when the
+    /// language is detected without a guess, or guessed wrong), then one per token, fewer
+    /// where the hint's guesses held. One per token fed with a decoder graph that takes one.
     pub decoder_calls: usize,
 }
 
@@ -217,6 +219,8 @@ impl Whisper {
         past: &mut Vec<ArrayD<f32>>,
         cross: &[ArrayD<f32>],
     ) -> Result<Vec<Vec<f32>>, SpeechError> {
+        // The graph's causal mask takes the cache to hold exactly positions 0..position.
+        debug_assert!(past.first().is_none_or(|p| p.shape()[2] == position));
         if !self.batched && tokens.len() > 1 {
             let mut rows = Vec::with_capacity(tokens.len());
             for (i, &t) in tokens.iter().enumerate() {
@@ -277,8 +281,10 @@ impl Whisper {
     /// [`Transcript::ids`]), or none. Each call feeds the next token with what the hint says
     /// follows it, and keeps those the greedy choice confirms: the transcript is the one
     /// without a hint (each token is still the model's own choice), in fewer calls.
-    /// `cancel` is checked between calls; `encoder_options` (a [`crate::Stop`]'s) can stop the
-    /// encoder's run.
+    /// `cancel` is checked between calls (cancelled before the first, the transcript is empty
+    /// and its language and no-speech probability unknown: 1.0); `encoder_options` (a
+    /// [`crate::Stop`]'s) can stop the encoder's run. Detection guesses the language it found
+    /// last (a user mostly speaks on in one language): right, the prompt is one call.
     pub fn transcribe_window(
         &mut self,
         samples: &[f32],
@@ -297,8 +303,8 @@ impl Whisper {
         // <|startoftranscript|>: its logits give the no-speech probability and, unless the
         // language is given, detect it; then the task's tokens. A given language makes the
         // whole prompt one call.
-        let languages = self.meta.languages.clone();
-        let allowed = |i: usize| candidates.is_empty() || candidates.contains(&languages[i]);
+        let allowed: Vec<bool> =
+            self.meta.languages.iter().map(|l| candidates.is_empty() || candidates.contains(l)).collect();
         // `unsure`: the language in `feed` is the one detected last time, to be confirmed by
         // the first call's row for <|startoftranscript|> (one call instead of two when right;
         // a user mostly speaks on in the language they spoke).
@@ -312,7 +318,8 @@ impl Whisper {
                     .ok_or_else(|| SpeechError::Audio(format!("unknown language {code:?}")))?;
                 (l, vec![SOT, self.meta.lang_ids[l], TRANSCRIBE, NO_TIMESTAMPS], 0, false)
             }
-            None => match self.last_language.filter(|&l| allowed(l)) {
+            // A one-token decoder graph would pay a wrong guess token by token: no guess.
+            None => match self.last_language.filter(|&l| self.batched && allowed[l]) {
                 Some(l) => (l, vec![SOT, self.meta.lang_ids[l], TRANSCRIBE, NO_TIMESTAMPS], 0, true),
                 None => (0, vec![SOT], 0, true),
             },
@@ -323,22 +330,25 @@ impl Whisper {
         let mut logprob_sum = 0.0f32;
         // Each call: `feed` (tokens surely in the transcript: the prompt, or the last choice)
         // and a guess of what follows; the choices are read from the rows while they agree
-        // with the guess, and the cache is cut back to what was kept.
+        // with the guess, and the cache is cut back to what was kept. (The last row may give a
+        // token at the last position, where the one-token loop stopped before; MAX_TOKENS
+        // keeps a transcript far from Whisper's 448 positions.)
         while position + feed.len() <= self.meta.max_positions && !cancel() {
             let room = self.meta.max_positions - position - feed.len();
-            let guess =
-                if feed == [SOT] { &[] } else { guess(hint, &out, max_guess.min(room).min(MAX_TOKENS - out.len())) };
+            // No guess past the token cap: the token that reaches it ends the decoding.
+            let cap = max_guess.min(room).min(MAX_TOKENS - out.len() - 1);
+            let guess = if feed == [SOT] { &[] } else { guess(hint, &out, cap) };
             let tokens: Vec<u32> = feed.iter().chain(guess).copied().collect();
-            calls += 1;
+            calls += if self.batched { 1 } else { tokens.len() };
             let mut rows = self.decode(&tokens, position, &mut past, &cross)?;
             if position == 0 {
                 // The row of <|startoftranscript|>: no speech, and the language.
                 no_speech_prob = Some(log_prob(&rows[0], NO_SPEECH as usize).exp());
                 if std::mem::take(&mut unsure) {
                     let sot = &rows[0];
-                    let ids = self.meta.lang_ids.clone();
+                    let ids = &self.meta.lang_ids;
                     let l = (0..ids.len())
-                        .filter(|&i| allowed(i))
+                        .filter(|&i| allowed[i])
                         .max_by(|&a, &b| sot[ids[a] as usize].total_cmp(&sot[ids[b] as usize]))
                         .unwrap_or(0);
                     self.last_language = Some(l);

@@ -150,6 +150,14 @@ pub fn whole(
     (rx, Task { stop: CancellationToken::new(), handle })
 }
 
+/// The ids of a draft that ended since the last poll: the next transcription's hint (a draft
+/// dropped unpolled would lose them).
+fn harvest(draft: &mut Option<Draft>, hint: &mut Vec<u32>) {
+    if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
+        hint.clone_from(&t.ids);
+    }
+}
+
 /// Whisper on `samples`. `speech`: whether the VAD heard speech in them (None: not known yet, the
 /// VAD runs on them first). No speech is `no_speech`, never a transcript: Whisper turns silence
 /// into words ("you").
@@ -358,6 +366,7 @@ fn listen(
                     let silence = vad.silence_start(&seg);
                     // The transcript starts now, beside the verdict; an older draft stops
                     // first (it holds the transcriber).
+                    harvest(&mut draft, &mut hint);
                     drop(draft.take());
                     draft = new_draft(&utterance, &hint);
                     spoke_since_draft = false;
@@ -414,7 +423,8 @@ fn listen(
     let speech_end = Instant::now().checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or_else(Instant::now);
     let end_of_turn_ms = speech_end.elapsed().as_secs_f64() * 1e3;
     // The draft started at the pause that ended the turn is its transcript (what came after it
-    // is silence); else Whisper starts now.
+    // is silence); else Whisper starts now, with the latest draft's ids as its hint.
+    harvest(&mut draft, &mut hint);
     let drafted = match draft.take() {
         Some(d) if segment_end && !spoke_since_draft => {
             let decided = Instant::now();
