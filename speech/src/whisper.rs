@@ -251,6 +251,11 @@ impl Whisper {
         Ok(rows)
     }
 
+    /// The decoder's prompt for language `l` (an index into `meta.languages`).
+    fn prompt(&self, l: usize) -> Vec<u32> {
+        vec![SOT, self.meta.lang_ids[l], TRANSCRIBE, NO_TIMESTAMPS]
+    }
+
     /// The greedy choice from one row of logits (special and suppressed tokens masked, as
     /// Whisper does), with its log-probability.
     fn pick(&self, logits: &mut [f32], first: bool) -> (u32, f32) {
@@ -316,11 +321,11 @@ impl Whisper {
                     .iter()
                     .position(|l| l == code)
                     .ok_or_else(|| SpeechError::Audio(format!("unknown language {code:?}")))?;
-                (l, vec![SOT, self.meta.lang_ids[l], TRANSCRIBE, NO_TIMESTAMPS], 0, false)
+                (l, self.prompt(l), 0, false)
             }
             // A one-token decoder graph would pay a wrong guess token by token: no guess.
             None => match self.last_language.filter(|&l| self.batched && allowed[l]) {
-                Some(l) => (l, vec![SOT, self.meta.lang_ids[l], TRANSCRIBE, NO_TIMESTAMPS], 0, true),
+                Some(l) => (l, self.prompt(l), 0, true),
                 None => (0, vec![SOT], 0, true),
             },
         };
@@ -355,10 +360,8 @@ impl Whisper {
                     if feed.len() == 1 || l != lang_idx {
                         // Guessed wrong (or did not guess): the prompt again from position 1.
                         lang_idx = l;
-                        for p in past.iter_mut() {
-                            *p = p.slice_axis(Axis(2), Slice::from(..1)).to_owned();
-                        }
-                        feed = vec![ids[l], TRANSCRIBE, NO_TIMESTAMPS];
+                        cut(&mut past, 1);
+                        feed = self.prompt(l)[1..].to_vec();
                         position = 1;
                         continue;
                     }
@@ -392,9 +395,7 @@ impl Whisper {
             let Some(t) = next else { break };
             if tokens.len() > row + 1 {
                 // Guessed wrong: the cache drops the guesses past the last one kept.
-                for p in past.iter_mut() {
-                    *p = p.slice_axis(Axis(2), Slice::from(..position)).to_owned();
-                }
+                cut(&mut past, position);
             }
             feed = vec![t];
         }
@@ -411,6 +412,13 @@ impl Whisper {
             ids: out,
             decoder_calls: calls,
         })
+    }
+}
+
+/// The self-attention cache cut back to its first `keep` positions.
+fn cut(past: &mut [ArrayD<f32>], keep: usize) {
+    for p in past.iter_mut() {
+        *p = p.slice_axis(Axis(2), Slice::from(..keep)).to_owned();
     }
 }
 

@@ -193,19 +193,26 @@ fn transcribe(
     drop(stt);
     let stt_ms = start.elapsed().as_secs_f64() * 1e3;
     if let Ok(t) = &t {
-        tracing::debug!(
-            stt_ms,
-            encoder_ms = t.encoder_ms,
-            decoder_ms = t.decoder_ms,
-            tokens = t.tokens,
-            decoder_calls = t.decoder_calls,
-            "transcribed"
-        );
+        log_transcribed(t, "at the end of the turn", stt_ms);
     }
     match t {
         Ok(t) => heard_in(sup, t, Ending { stt_ms, ..ending }),
         Err(e) => Heard::Failed(e.code(), e.to_string()),
     }
+}
+
+/// Whisper's figures for the turn's transcript, in the debug log; `stt_ms`: from the end of the
+/// turn until it was ready.
+fn log_transcribed(t: &Transcript, source: &'static str, stt_ms: f64) {
+    tracing::debug!(
+        source,
+        stt_ms,
+        encoder_ms = t.encoder_ms,
+        decoder_ms = t.decoder_ms,
+        tokens = t.tokens,
+        decoder_calls = t.decoder_calls,
+        "transcribed"
+    );
 }
 
 /// The transcript, unless Whisper itself says it heard no speech (noise the VAD took for
@@ -431,14 +438,7 @@ fn listen(
             match d.wait() {
                 Ok((t, ready)) => {
                     let stt_ms = ready.saturating_duration_since(decided).as_secs_f64() * 1e3;
-                    tracing::debug!(
-                        stt_ms,
-                        encoder_ms = t.encoder_ms,
-                        decoder_ms = t.decoder_ms,
-                        tokens = t.tokens,
-                        decoder_calls = t.decoder_calls,
-                        "transcribed (draft)"
-                    );
+                    log_transcribed(&t, "draft", stt_ms);
                     Some(heard_in(sup, t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks }))
                 }
                 Err(e) => {
