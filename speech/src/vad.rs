@@ -63,6 +63,8 @@ pub struct Vad {
     pos: usize,
     speech_start: Option<usize>,
     silence_since: Option<usize>,
+    /// Where the last chunk that was not silence (probability ≥ threshold − 0.15) ended.
+    heard_until: usize,
     pub placement: Placement,
 }
 
@@ -85,6 +87,7 @@ impl Vad {
             pos: 0,
             speech_start: None,
             silence_since: None,
+            heard_until: 0,
             placement,
         })
     }
@@ -95,11 +98,26 @@ impl Vad {
         self.pos = 0;
         self.speech_start = None;
         self.silence_since = None;
+        self.heard_until = 0;
     }
 
     /// Inside an utterance (speech began and its silence has not yet ended it).
     pub fn in_speech(&self) -> bool {
         self.speech_start.is_some()
+    }
+
+    /// Inside an utterance long enough to be one (not a click), the sample where the silence
+    /// going on now began (None: speech is on, or no such utterance). A pause ends the
+    /// utterance `min_silence` after it.
+    pub fn silence(&self) -> Option<usize> {
+        let (start, since) = (self.speech_start?, self.silence_since?);
+        (since - start >= samples(self.params.min_speech)).then_some(since)
+    }
+
+    /// The end of the last chunk that was not silence: audio after it is below threshold −
+    /// 0.15 (a chunk between that and the threshold is quiet speech, not silence).
+    pub fn heard_until(&self) -> usize {
+        self.heard_until
     }
 
     /// The sample where the silence that ended `segment` began (its end, without the pad).
@@ -134,6 +152,9 @@ impl Vad {
         self.pos += CHUNK;
         let on = p >= self.params.threshold;
         let off = p < self.params.threshold - 0.15;
+        if !off {
+            self.heard_until = self.pos;
+        }
         match self.speech_start {
             None if on => {
                 self.speech_start = Some(at);

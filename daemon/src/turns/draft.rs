@@ -1,9 +1,10 @@
 //! A draft transcript: Whisper on the utterance heard so far, on its own thread beside the
 //! listener, while the user may still be speaking.
 //!
-//! At a pause the draft of the whole utterance starts at once, beside the end-of-turn verdict:
-//! when the turn ends there, its transcript is already under way instead of starting then (the
-//! end-of-turn wait, ~220 ms here, no longer comes before Whisper's ~0.8 s). While the user
+//! `[speech] draft_ahead` (64 ms) into a silence, before the pause is called, the draft of the
+//! whole utterance starts: when the turn ends at that pause, its transcript is already under
+//! way instead of starting then (neither the rest of the pause nor the end-of-turn verdict
+//! comes before Whisper's ~0.5 s); speech after it leaves it a partial transcript. While the user
 //! speaks on, a draft every `[speech] partial_every` of new speech gives a partial transcript.
 //! A draft of speech the user went on with is stopped, inside the encoder too, so that the
 //! next one does not wait behind it. Dropping a draft stops it and joins its thread: nothing
@@ -68,6 +69,11 @@ impl Draft {
         }
         self.ready = Some(self.result.try_recv().ok()?);
         self.ready.as_ref()
+    }
+
+    /// The transcript of a draft found ready by an earlier poll.
+    pub fn ended(&self) -> Option<&Transcript> {
+        self.ready.as_ref()?.as_ref().ok().map(|(t, _)| t)
     }
 
     pub fn is_running(&self) -> bool {

@@ -280,13 +280,19 @@ fn listen(
     let mut waiting: Option<(usize, usize)> = None;
     let mut checks = 0u32;
     // The latest draft transcript, and whether speech began after it started (then the
-    // transcript of the turn cannot be it).
+    // transcript of the turn cannot be it; speech going on after a draft started inside an
+    // utterance's silence does not set it: no verdict waits there, and `ahead` says which
+    // silence that draft is for).
     let mut draft: Option<Draft> = None;
     let mut spoke_since_draft = false;
     // The token ids of the latest draft that ended: the next one's guess.
     let mut hint: Vec<u32> = Vec::new();
     // An `Early` transcript was sent and no speech came after it.
     let mut early = false;
+    // The draft started `draft_ahead` into a silence, before the pause: where that silence
+    // began, and the sample the draft's audio ends at.
+    let mut ahead: Option<(usize, usize)> = None;
+    let ahead_n = vad::samples(s.draft_ahead);
     let partial_n = vad::samples(s.partial_every);
     let lang = language(sup);
     let new_draft = |utterance: &[f32], hint: &[u32]| match Draft::start(
@@ -327,6 +333,7 @@ fn listen(
             return;
         }
         if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
+            // (A draft that ended before its pause was called is offered at the pause.)
             tracing::debug!(
                 encoder_ms = t.encoder_ms,
                 decoder_ms = t.decoder_ms,
@@ -338,8 +345,9 @@ fn listen(
             hint.clone_from(&t.ids);
             if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
                 partial(t);
-                // The draft of the whole utterance, started at the pause the model doubts:
-                // the turn's transcript if the user says no more.
+                // The draft of the whole utterance, chosen at the pause the model doubts
+                // (started there or `draft_ahead` into its silence): the turn's transcript if
+                // the user says no more.
                 if waiting.is_some() && !spoke_since_draft {
                     let _ = heard.send(Heard::Early(t.clone()));
                     early = true;
@@ -371,16 +379,30 @@ fn listen(
                 }
                 Ok(Some(VadEvent::SpeechEnd(seg))) => {
                     let silence = vad.silence_start(&seg);
-                    // The transcript starts now, beside the verdict; an older draft stops
+                    // The transcript, beside the verdict: the draft started `draft_ahead`
+                    // into this silence if all that came after it is silence (no quieter
+                    // speech between the thresholds), else one from now; an older draft stops
                     // first (it holds the transcriber).
-                    harvest(&mut draft, &mut hint);
-                    drop(draft.take());
-                    draft = new_draft(&utterance, &hint);
+                    let started_ahead =
+                        draft.is_some() && ahead.is_some_and(|(at, until)| at == silence && vad.heard_until() <= until);
+                    if !started_ahead {
+                        harvest(&mut draft, &mut hint);
+                        drop(draft.take());
+                        draft = new_draft(&utterance, &hint);
+                    }
                     spoke_since_draft = false;
                     if complete(&utterance, &mut checks) {
                         break Some(silence);
                     }
                     waiting = Some((silence, pos + pause_n));
+                    // Doubted, and its draft ended already: the early start cannot wait for
+                    // a poll that has passed.
+                    if let Some(t) = draft.as_ref().and_then(Draft::ended) {
+                        if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
+                            let _ = heard.send(Heard::Early(t.clone()));
+                            early = true;
+                        }
+                    }
                 }
                 Ok(None) => match waiting {
                     Some((silence, _)) if pos - silence >= max_n => break Some(silence),
@@ -394,6 +416,21 @@ fn listen(
                     // click, a breath): the silence counts again from here. Before any pause
                     // (no verdict asked yet) a lone click ends nothing: listening goes on.
                     None if checks > 0 && !vad.in_speech() => waiting = Some((pos, pos)),
+                    // `draft_ahead` into a silence: the draft of the whole utterance starts
+                    // now, not at the pause, unless this silence has one or a draft is
+                    // running (stopping it at every short gap could starve the partials; the
+                    // pause then starts one as before). Speech after it leaves it a partial.
+                    None if ahead_n > 0
+                        && !draft.as_ref().is_some_and(Draft::is_running)
+                        && vad
+                            .silence()
+                            .is_some_and(|at| pos - at >= ahead_n && ahead.is_none_or(|(a, _)| a != at)) =>
+                    {
+                        harvest(&mut draft, &mut hint);
+                        draft = new_draft(&utterance, &hint);
+                        ahead = vad.silence().map(|at| (at, pos));
+                        spoke_since_draft = false;
+                    }
                     // Speech goes on: a partial transcript after each `partial_every` of it,
                     // one draft at a time.
                     None if partial_n > 0
@@ -429,7 +466,7 @@ fn listen(
     let waited = since.map_or(0, |at| pos.saturating_sub(at));
     let speech_end = Instant::now().checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or_else(Instant::now);
     let end_of_turn_ms = speech_end.elapsed().as_secs_f64() * 1e3;
-    // The draft started at the pause that ended the turn is its transcript (what came after it
+    // The draft chosen at the pause that ended the turn is its transcript (what came after it
     // is silence); else Whisper starts now, with the latest draft's ids as its hint.
     harvest(&mut draft, &mut hint);
     let drafted = match draft.take() {

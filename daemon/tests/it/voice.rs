@@ -488,6 +488,57 @@ async fn partial_transcripts_arrive_while_the_user_speaks() {
     assert!(wer(text, &finals[0].0) <= 0.25, "{:?} for {text:?}", finals[0].0);
 }
 
+/// `draft_ahead` (64 ms) into a silence the draft of the whole utterance starts, before the
+/// pause is called; speech after it keeps the utterance whole. A 250 ms silence mid-sentence
+/// (the pause is 1 s here, so no verdict is asked there, and partial drafts are off): that
+/// draft's transcript of the first words comes as a partial, and the final transcript is the
+/// whole utterance, not that draft. Paced as a microphone, no `last` flag.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_draft_started_in_a_short_silence_never_cuts_the_utterance() {
+    let d = Daemon::start(&format!("{}turn_pause = \"1s\"\npartial_every = \"0s\"\n", config_text()));
+    let c = d.client().await;
+    let (first, second) = ("So I was wondering if you could,", "tell me what time it is in Tokyo?");
+    let mut utterance = vec![0.0; 3_200];
+    utterance.extend(spoken(first));
+    utterance.extend(vec![0.0; 4_000]);
+    utterance.extend(spoken(second));
+    // Whisper's first run in a process is slow (~2 s): warm it, so that the draft ends while
+    // the second part is spoken (~2.2 s) instead of being stopped at the end.
+    let (warm, mut warm_rx) = start(&c, "transcribe").await;
+    send_audio(&c, &warm, &spoken(first), true).await;
+    let warmed = tokio::time::timeout(common::HANG, async {
+        while !matches!(warm_rx.recv().await.expect("open"), Incoming::Event(Event::Done { .. })) {}
+    });
+    warmed.await.unwrap_or_else(|_| panic!("the warm-up turn never ended\n{}", d.log()));
+    let (id, mut rx) = start(&c, "transcribe").await;
+    let mut events: Vec<(String, bool)> = Vec::new(); // text, final
+    let mut frames = utterance.chunks(1_600);
+    let t = Instant::now();
+    'turn: loop {
+        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
+        // The next 100 ms of the utterance, then microphone silence until the turn ends.
+        send_audio(&c, &id, frames.next().unwrap_or(&[0.0; 1_600]), false).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        while let Ok(item) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            match item.expect("open") {
+                Incoming::Event(Event::Transcript { text, is_final, .. }) => events.push((text, is_final)),
+                Incoming::Event(Event::Done { .. }) => break 'turn,
+                other => panic!("{other:?}\n{}", d.log()),
+            }
+        }
+    }
+    eprintln!("{events:?}");
+    let finals: Vec<_> = events.iter().filter(|(_, f)| *f).collect();
+    assert_eq!(finals.len(), 1, "{events:?}");
+    assert!(events.last().is_some_and(|(_, f)| *f), "the final transcript comes last: {events:?}");
+    let whole = format!("{first} {second}");
+    assert!(wer(&whole, &finals[0].0) <= 0.25, "{:?} for {whole:?}\n{}", finals[0].0, d.log());
+    // The draft of the short silence, a partial of the first words (no other draft covers
+    // only them: the final pause's draft has the whole).
+    let drafted = events.iter().find(|(t, f)| !f && wer(first, t) <= 0.34);
+    assert!(drafted.is_some(), "no draft of the first words: {events:?}\n{}", d.log());
+}
+
 /// `samples` as a microphone sends them: 100 ms frames at wall-clock pace, no `last` flag.
 async fn send_paced(c: &Client, id: &str, samples: &[f32]) {
     let mut next = tokio::time::Instant::now();
@@ -552,7 +603,21 @@ async fn voice_turn(
 async fn a_doubted_turn_s_reply_starts_early_and_waits_for_its_end() {
     // 5 s: the early reply has seconds to send its events before the end, were they not kept
     // (a first draft in a fresh daemon took ~2 s).
-    let d = Daemon::start(&format!("{}turn_threshold = 0.9999\nturn_max_silence = \"5s\"\n", config_text()));
+    doubted_turn("turn_threshold = 0.9999\nturn_max_silence = \"5s\"\n").await;
+}
+
+/// The same when the draft started `draft_ahead` into the silence has ended before the pause is
+/// called (300 ms into a 3 s pause here): the reply starts at the doubted pause, though no poll
+/// comes after it to offer that transcript.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_draft_ended_before_a_doubted_pause_starts_the_reply_early() {
+    doubted_turn("turn_threshold = 0.9999\nturn_pause = \"3s\"\ndraft_ahead = \"300ms\"\nturn_max_silence = \"8s\"\n")
+        .await;
+}
+
+/// A voice turn the end-of-turn model doubts (`speech`: the `[speech]` keys that make it so).
+async fn doubted_turn(speech: &str) {
+    let d = Daemon::start(&format!("{}{speech}", config_text()));
     let c = d.client().await;
     let question = "What is the capital of France?";
     let mut utterance = vec![0.0; 3_200];
