@@ -292,6 +292,8 @@ fn listen(
     // The draft started `draft_ahead` into a silence, before the pause: where that silence
     // began, and the sample the draft's audio ends at.
     let mut ahead: Option<(usize, usize)> = None;
+    // The latest draft is that one (started ahead, not at a pause or for a partial).
+    let mut drafted_ahead = false;
     let ahead_n = vad::samples(s.draft_ahead);
     let partial_n = vad::samples(s.partial_every);
     let lang = language(sup);
@@ -385,10 +387,12 @@ fn listen(
                     // first (it holds the transcriber).
                     let started_ahead =
                         draft.is_some() && ahead.is_some_and(|(at, until)| at == silence && vad.heard_until() <= until);
+                    tracing::debug!(started_ahead, heard_until = vad.heard_until(), ?ahead, silence, "pause");
                     if !started_ahead {
                         harvest(&mut draft, &mut hint);
                         drop(draft.take());
                         draft = new_draft(&utterance, &hint);
+                        drafted_ahead = false;
                     }
                     spoke_since_draft = false;
                     if complete(&utterance, &mut checks) {
@@ -417,17 +421,20 @@ fn listen(
                     // (no verdict asked yet) a lone click ends nothing: listening goes on.
                     None if checks > 0 && !vad.in_speech() => waiting = Some((pos, pos)),
                     // `draft_ahead` into a silence: the draft of the whole utterance starts
-                    // now, not at the pause, unless this silence has one or a draft is
-                    // running (stopping it at every short gap could starve the partials; the
+                    // now, not at the pause (a partial draft running stops first, as at the
+                    // pause), unless this silence has one or an earlier silence's is still
+                    // running (one stopped at every short gap could starve the partials; the
                     // pause then starts one as before). Speech after it leaves it a partial.
                     None if ahead_n > 0
-                        && !draft.as_ref().is_some_and(Draft::is_running)
+                        && !(drafted_ahead && draft.as_ref().is_some_and(Draft::is_running))
                         && vad
                             .silence()
                             .is_some_and(|at| pos - at >= ahead_n && ahead.is_none_or(|(a, _)| a != at)) =>
                     {
                         harvest(&mut draft, &mut hint);
+                        drop(draft.take());
                         draft = new_draft(&utterance, &hint);
+                        drafted_ahead = true;
                         ahead = vad.silence().map(|at| (at, pos));
                         spoke_since_draft = false;
                     }
@@ -439,6 +446,7 @@ fn listen(
                         && utterance.len() >= draft.as_ref().map_or(0, |d| d.covers) + partial_n =>
                     {
                         draft = new_draft(&utterance, &hint);
+                        drafted_ahead = false;
                         spoke_since_draft = true;
                     }
                     _ => {}
