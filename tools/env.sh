@@ -4,8 +4,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kazeia/target}"
 export KAZEIA_MODELS="${KAZEIA_MODELS:-$HOME/.cache/kazeia/models}"
 export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"
 # llama.cpp without Intel AMX kernels on x86_64 (why: .cargo/config.toml, which sets the same
-# for a bare `cargo build`). Exported as well because cargo reruns llama-cpp-sys-2's build when
-# this variable changes, but does not for a change in [env].
+# for a bare `cargo build`). Exported as well: on this machine, adding only the [env] entry left
+# an existing target dir's llama.cpp built with AMX (still crashing); built again with the
+# variable exported (`cargo clean -p llama-cpp-sys-2`), it had the flags.
 if [ "$(uname -m)" = x86_64 ]; then
   export CFLAGS_x86_64_unknown_linux_gnu="${CFLAGS_x86_64_unknown_linux_gnu:--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}"
   export CXXFLAGS_x86_64_unknown_linux_gnu="${CXXFLAGS_x86_64_unknown_linux_gnu:--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}"
