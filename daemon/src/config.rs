@@ -342,6 +342,16 @@ impl SpeechConfig {
         (!self.turn.as_os_str().is_empty()).then_some(self.turn.as_path())
     }
 
+    /// The silence that ends an utterance: `turn_pause` with the end-of-turn model (which is
+    /// asked then), `vad_silence` without it.
+    pub fn pause(&self) -> Duration {
+        if self.turn_model().is_some() {
+            self.turn_pause
+        } else {
+            self.vad_silence
+        }
+    }
+
     /// The language to answer in: `heard` when a voice speaks it, else `default_language`.
     pub fn reply_language(&self, heard: &str) -> String {
         if self.voices.contains_key(heard) {
@@ -578,8 +588,7 @@ impl Config {
                 "[speech]: key `turn_threshold` must be in (0, 1) and `turn_max_silence` >= `turn_pause`".into(),
             ));
         }
-        let pause = if sp.turn.as_os_str().is_empty() { sp.vad_silence } else { sp.turn_pause };
-        if sp.draft_ahead >= pause {
+        if sp.draft_ahead >= sp.pause() {
             let at = text.find("draft_ahead").or_else(|| text.find("[speech"));
             return Err(invalid(
                 line_of(text, at.unwrap_or(0)),

@@ -256,7 +256,7 @@ fn listen(
     };
     let s = &sup.config.speech;
     let model = stack.turn.as_ref();
-    let pause = if model.is_some() { s.turn_pause } else { s.vad_silence };
+    let pause = s.pause();
     let params = VadParams { min_silence: pause, ..VadParams::default() };
     let mut vad = match Vad::load(&sup.config.cache_path(&s.vad), s.backend, params) {
         Ok(v) => v,
@@ -289,13 +289,14 @@ fn listen(
     let mut hint: Vec<u32> = Vec::new();
     // An `Early` transcript was sent and no speech came after it.
     let mut early = false;
-    // The draft started `draft_ahead` into a silence, before the pause: where that silence
-    // began, and the sample the draft's audio ends at.
+    // The latest draft, if it was started `draft_ahead` into a silence, before the pause:
+    // where that silence began, and the sample the draft's audio ends at.
     let mut ahead: Option<(usize, usize)> = None;
-    // The latest draft is that one (started ahead, not at a pause or for a partial).
-    let mut drafted_ahead = false;
     let ahead_n = vad::samples(s.draft_ahead);
     let partial_n = vad::samples(s.partial_every);
+    // A draft's transcript worth a partial event or an early start (Whisper's own no-speech
+    // rule: what it writes over noise is invented).
+    let heard_words = |t: &Transcript| !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold);
     let lang = language(sup);
     let new_draft = |utterance: &[f32], hint: &[u32]| match Draft::start(
         stack.clone(),
@@ -345,7 +346,7 @@ fn listen(
                 "draft ready"
             );
             hint.clone_from(&t.ids);
-            if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
+            if heard_words(t) {
                 partial(t);
                 // The draft of the whole utterance, chosen at the pause the model doubts
                 // (started there or `draft_ahead` into its silence): the turn's transcript if
@@ -392,7 +393,7 @@ fn listen(
                         harvest(&mut draft, &mut hint);
                         drop(draft.take());
                         draft = new_draft(&utterance, &hint);
-                        drafted_ahead = false;
+                        ahead = None;
                     }
                     spoke_since_draft = false;
                     if complete(&utterance, &mut checks) {
@@ -402,7 +403,7 @@ fn listen(
                     // Doubted, and its draft ended already: the early start cannot wait for
                     // a poll that has passed.
                     if let Some(t) = draft.as_ref().and_then(Draft::ended) {
-                        if !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold) {
+                        if heard_words(t) {
                             let _ = heard.send(Heard::Early(t.clone()));
                             early = true;
                         }
@@ -426,7 +427,7 @@ fn listen(
                     // running (one stopped at every short gap could starve the partials; the
                     // pause then starts one as before). Speech after it leaves it a partial.
                     None if ahead_n > 0
-                        && !(drafted_ahead && draft.as_ref().is_some_and(Draft::is_running))
+                        && !(ahead.is_some() && draft.as_ref().is_some_and(Draft::is_running))
                         && vad
                             .silence()
                             .is_some_and(|at| pos - at >= ahead_n && ahead.is_none_or(|(a, _)| a != at)) =>
@@ -434,7 +435,6 @@ fn listen(
                         harvest(&mut draft, &mut hint);
                         drop(draft.take());
                         draft = new_draft(&utterance, &hint);
-                        drafted_ahead = true;
                         ahead = vad.silence().map(|at| (at, pos));
                         spoke_since_draft = false;
                     }
@@ -446,7 +446,7 @@ fn listen(
                         && utterance.len() >= draft.as_ref().map_or(0, |d| d.covers) + partial_n =>
                     {
                         draft = new_draft(&utterance, &hint);
-                        drafted_ahead = false;
+                        ahead = None;
                         spoke_since_draft = true;
                     }
                     _ => {}

@@ -450,34 +450,7 @@ async fn partial_transcripts_arrive_while_the_user_speaks() {
                 water with his two dogs before he takes the train to the city";
     let speech = spoken(text);
     assert!(speech.len() >= 16_000 * 5, "{} s of speech", speech.len() / 16_000);
-    let (id, mut rx) = start(&c, "transcribe").await;
-    let mut events: Vec<(String, bool, bool)> = Vec::new(); // text, final, before the last speech frame
-    let mut speech_sent = false;
-    let mut frames = speech.chunks(1_600).map(<[f32]>::to_vec).collect::<Vec<_>>().into_iter();
-    let t = Instant::now();
-    loop {
-        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
-        // The next 100 ms of speech, then microphone silence until the turn ends.
-        let frame = frames.next().unwrap_or_else(|| {
-            speech_sent = true;
-            vec![0.0; 1_600]
-        });
-        send_audio(&c, &id, &frame, false).await;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        let mut done = false;
-        while let Ok(item) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            match item.expect("open") {
-                Incoming::Event(Event::Transcript { text, is_final, .. }) => {
-                    events.push((text, is_final, !speech_sent))
-                }
-                Incoming::Event(Event::Done { .. }) => done = true,
-                other => panic!("{other:?}\n{}", d.log()),
-            }
-        }
-        if done {
-            break;
-        }
-    }
+    let events = transcripts_paced(&d, &c, "transcribe", &speech).await;
     eprintln!("{events:?}");
     let early: Vec<_> = events.iter().filter(|(_, f, before)| !f && *before).collect();
     assert!(!early.is_empty(), "no partial transcript before the end of the speech: {events:?}");
@@ -510,33 +483,44 @@ async fn a_draft_started_in_a_short_silence_never_cuts_the_utterance() {
         while !matches!(warm_rx.recv().await.expect("open"), Incoming::Event(Event::Done { .. })) {}
     });
     warmed.await.unwrap_or_else(|_| panic!("the warm-up turn never ended\n{}", d.log()));
-    let (id, mut rx) = start(&c, "transcribe").await;
-    let mut events: Vec<(String, bool)> = Vec::new(); // text, final
-    let mut frames = utterance.chunks(1_600);
-    let t = Instant::now();
-    'turn: loop {
-        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
-        // The next 100 ms of the utterance, then microphone silence until the turn ends.
-        send_audio(&c, &id, frames.next().unwrap_or(&[0.0; 1_600]), false).await;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        while let Ok(item) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            match item.expect("open") {
-                Incoming::Event(Event::Transcript { text, is_final, .. }) => events.push((text, is_final)),
-                Incoming::Event(Event::Done { .. }) => break 'turn,
-                other => panic!("{other:?}\n{}", d.log()),
-            }
-        }
-    }
+    let events = transcripts_paced(&d, &c, "transcribe", &utterance).await;
     eprintln!("{events:?}");
-    let finals: Vec<_> = events.iter().filter(|(_, f)| *f).collect();
+    let finals: Vec<_> = events.iter().filter(|(_, f, _)| *f).collect();
     assert_eq!(finals.len(), 1, "{events:?}");
-    assert!(events.last().is_some_and(|(_, f)| *f), "the final transcript comes last: {events:?}");
+    assert!(events.last().is_some_and(|(_, f, _)| *f), "the final transcript comes last: {events:?}");
     let whole = format!("{first} {second}");
     assert!(wer(&whole, &finals[0].0) <= 0.25, "{:?} for {whole:?}\n{}", finals[0].0, d.log());
     // The draft of the short silence, a partial of the first words (no other draft covers
     // only them: the final pause's draft has the whole).
-    let drafted = events.iter().find(|(t, f)| !f && wer(first, t) <= 0.34);
+    let drafted = events.iter().find(|(t, f, _)| !f && wer(first, t) <= 0.34);
     assert!(drafted.is_some(), "no draft of the first words: {events:?}\n{}", d.log());
+}
+
+/// A `pipeline` turn on `utterance` streamed as a microphone: 100 ms frames, each followed by
+/// 100 ms of reading events, then microphone silence until `done`. Its transcripts in order:
+/// (text, final, arrived before the utterance's last frame was sent).
+async fn transcripts_paced(d: &Daemon, c: &Client, pipeline: &str, utterance: &[f32]) -> Vec<(String, bool, bool)> {
+    let (id, mut rx) = start(c, pipeline).await;
+    let mut events = Vec::new();
+    let mut frames = utterance.chunks(1_600);
+    let mut speaking = true;
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < common::HANG, "the turn never ended\n{}", d.log());
+        let frame = frames.next().unwrap_or_else(|| {
+            speaking = false;
+            &[0.0; 1_600]
+        });
+        send_audio(c, &id, frame, false).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        while let Ok(item) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            match item.expect("open") {
+                Incoming::Event(Event::Transcript { text, is_final, .. }) => events.push((text, is_final, speaking)),
+                Incoming::Event(Event::Done { .. }) => return events,
+                other => panic!("{other:?}\n{}", d.log()),
+            }
+        }
+    }
 }
 
 /// `samples` as a microphone sends them: 100 ms frames at wall-clock pace, no `last` flag.
