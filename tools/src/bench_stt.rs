@@ -1,6 +1,6 @@
 //! Speech-to-text speed: our Whisper (ONNX Runtime, our log-mel and decoder) against
-//! faster-whisper (CTranslate2) on the same Whisper-base weights (ours: the encoder int8, see
-//! tools/whisper-to-onnx; the reference fp32), greedy, 2 threads, on
+//! faster-whisper (CTranslate2) on the same Whisper-base weights (ours: the encoder int8 and the
+//! decoder 8-bit, see tools/whisper-to-onnx; the reference fp32), greedy, 2 threads, on
 //! the same clips (the Piper voice: ~5 s and ~20 s). Each side runs in one process that loads
 //! its model once (the reference: `tools/reference-stt --serve`), is warmed by one untimed run of
 //! the clip, then the two alternate, each going first every other rep; medians. Model loading is
