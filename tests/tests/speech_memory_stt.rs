@@ -1,6 +1,7 @@
 //! What the STT stack (Whisper encoder + decoder, the VAD, the end-of-turn model) costs in memory against the plan's
-//! estimate (file size × a factor measured here: the test prints it; 2.28 measured). Alone in
-//! its test binary, so alone in its process: the peak is the stack's own, not a heap another
+//! estimate (file size × a factor measured here: the test prints it; 1.99–2.03 measured with
+//! the 8-bit decoder). Alone in its test binary, so alone in its process: the peak is the
+//! stack's own, not a heap another
 //! model freed (the voice, measured in the same process after the STT, reused the STT's freed
 //! pages and looked 1.6–2.7 × its file instead of the 3.1–4.1 × it takes alone).
 
