@@ -186,13 +186,19 @@ pub fn session(
             .map_err(|e| bad(e.to_string()))?
             .with_inter_threads(1)
             .map_err(|e| bad(e.to_string()))?
-            // No spin-waiting: ONNX Runtime's pool threads spin after every run by default,
-            // and here they spin on the cores llama.cpp's decodes need (the VAD runs on every
-            // 100 ms frame, beside the guards and the Thinker). tools/bench-voice --reps 1,
-            // runs alternated, spinning against not: input guard 202, 240 against 181, 183 ms;
-            // first sentence released 563, 617 against 473, 533 ms; end of speech to first
-            // audio p50 1784, 1868 against 1694, 1700 ms. Whisper's encoder is no slower.
-            .with_intra_op_spinning(false)
+            // Spin-waiting within a run, never after it. By default ONNX Runtime's pool
+            // threads also spin after every run, on the cores llama.cpp's decodes need
+            // (tools/bench-voice --reps 1, runs alternated, spinning against not: input guard
+            // 202, 240 against 181, 183 ms; end of speech to first audio p50 1784, 1868
+            // against 1694, 1700 ms). With no spinning at all, each of a run's ops wakes the
+            // other thread from sleep: a Whisper decoder call of one token took 5.3-5.7 ms
+            // against 3.8-4.0 spinning (2 threads, here), and a transcript makes 8-18 calls.
+            // `force_spinning_stop` puts the threads to sleep when the run ends: between calls
+            // 20 ms apart the process used 0.49 of a core against 0.39 not spinning and 1.23
+            // spinning after runs.
+            .with_intra_op_spinning(true)
+            .map_err(|e| bad(e.to_string()))?
+            .with_config_entry("session.force_spinning_stop", "1")
             .map_err(|e| bad(e.to_string()))
     };
     if backend != Backend::Cpu {
