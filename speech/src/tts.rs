@@ -221,6 +221,16 @@ impl Piper {
         ids
     }
 
+    /// A clause's phonemes spoken, each run handed to `each` (false: stop).
+    fn speak_clause(&mut self, ipa: String, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<bool, SpeechError> {
+        for run in runs(&[ipa], MAX_IDS_PER_RUN, |p| self.ids(p).len()) {
+            if !each(self.run(&self.ids(&run))?) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// One run of the voice on `ids` (at most [`MAX_IDS_PER_RUN`] of them, but for one word).
     fn run(&mut self, ids: &[i64]) -> Result<Vec<f32>, SpeechError> {
         if ids.len() <= 3 {
@@ -253,14 +263,7 @@ impl Voice for Piper {
     fn synthesize_each(&mut self, text: &str, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<(), SpeechError> {
         // Clause by clause: the first clause's audio does not wait for the others' phonemes.
         let voice = self.config.espeak.voice.clone();
-        each_clause(text, &voice, &mut |ipa| {
-            for run in runs(&[ipa], MAX_IDS_PER_RUN, |p| self.ids(p).len()) {
-                if !each(self.run(&self.ids(&run))?) {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        })
+        each_clause(text, &voice, &mut |ipa| self.speak_clause(ipa, each))
     }
 
     fn sample_rate(&self) -> u32 {
