@@ -1,5 +1,7 @@
 //! bench-engine: prefill and decode speed through our engine against llama.cpp's own
-//! `llama-bench`, same GGUF, same threads and batch sizes, alternated in one run; medians.
+//! `llama-bench`, same GGUF, same threads, batch sizes and context size, alternated in one run;
+//! medians. llama-bench sizes its context to each test, so each of our tests runs on a context
+//! of that size (the role's own n_ctx of 4096 decoded 4% slower here at the same depth).
 //!
 //! Run it through `tools/bench-engine`, which builds llama-bench from the same llama.cpp tree.
 
@@ -132,13 +134,32 @@ fn main() -> Result<()> {
     let prefill_opts = GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() };
     let decode_opts =
         GenerateOptions { max_tokens: Some(args.tg), temperature: Some(0.0), ignore_eos: true, ..Default::default() };
+    let hi_tokens = generate(&engine, &args.role, "Hi", prefill_opts.clone())?.metrics.prompt_tokens;
+
+    // llama-bench sizes its context to each test (n_prompt + n_gen, which llama.cpp pads to
+    // 256 cells), and a bigger context decodes slower at the same depth: with the role's n_ctx
+    // of 4096 this bench gave decode 0.952 and 0.954 of llama-bench, with 256 0.988 and 0.994
+    // (alternated, --pp 64). So each of our tests runs on a context of llama-bench's size for
+    // it (the same model, loaded once): the ratios measure the engine, not the context size.
+    let pad = |n: u32| n.div_ceil(256) * 256;
+    let sized = |test: &str, n_ctx: u32| -> Result<String> {
+        let mut p = cfg.role_params();
+        p.role = format!("{}-{test}", args.role);
+        p.n_ctx = n_ctx;
+        p.prefix_dir = None;
+        engine.load(&p, path.clone(), Box::new(|_| {}))?;
+        Ok(p.role)
+    };
+    let pp_role = sized("pp", pad(args.pp))?;
+    let tg_role = sized("tg", pad(hi_tokens + args.tg))?;
+    engine.unload(&args.role);
     // Warm-up, as llama-bench does before it measures.
     // Both sides prefill exactly this many tokens: what our engine decodes (not reused).
-    let warm = generate(&engine, &args.role, &prompt(1_000_000), prefill_opts.clone())?.metrics;
+    let warm = generate(&engine, &pp_role, &prompt(1_000_000), prefill_opts.clone())?.metrics;
     let prompt_tokens = warm.prompt_tokens;
-    let warm = generate(&engine, &args.role, &prompt(1_000_001), prefill_opts.clone())?.metrics;
+    let warm = generate(&engine, &pp_role, &prompt(1_000_001), prefill_opts.clone())?.metrics;
     let prefill_tokens = warm.prompt_tokens - warm.cached_tokens;
-    generate(&engine, &args.role, "Hi", GenerateOptions { max_tokens: Some(8), ..decode_opts.clone() })?;
+    generate(&engine, &tg_role, "Hi", GenerateOptions { max_tokens: Some(8), ..decode_opts.clone() })?;
 
     let ref_args = llama_bench_args(&path, &cfg, prefill_tokens, args.tg);
     println!(
@@ -149,6 +170,14 @@ fn main() -> Result<()> {
         cfg.n_ubatch,
         cfg.flash_attn,
         cfg.mmap
+    );
+    println!(
+        "contexts as llama-bench's: ours {} cells for the prefill test ({}), {} for the decode test ({}); the role's n_ctx is {}",
+        pad(args.pp),
+        pad(prefill_tokens),
+        pad(hi_tokens + args.tg),
+        pad(args.tg),
+        cfg.n_ctx
     );
     println!("reference: {} {}", args.llama_bench.display(), args.reference);
     println!("reference command: llama-bench {}", ref_args.join(" "));
@@ -161,10 +190,10 @@ fn main() -> Result<()> {
     for rep in 0..args.reps {
         // Alternate who goes first, so drift on a shared machine hits both sides alike.
         let ours = |opp: &mut Vec<f64>, otg: &mut Vec<f64>, ttft: &mut Vec<f64>| -> Result<()> {
-            let p = generate(&engine, &args.role, &prompt(rep), prefill_opts.clone())?;
+            let p = generate(&engine, &pp_role, &prompt(rep), prefill_opts.clone())?;
             opp.push(p.metrics.prefill_tok_s);
             ttft.push(p.metrics.ttft_ms);
-            let d = generate(&engine, &args.role, "Hi", decode_opts.clone())?;
+            let d = generate(&engine, &tg_role, "Hi", decode_opts.clone())?;
             otg.push(d.metrics.decode_tok_s);
             Ok(())
         };
