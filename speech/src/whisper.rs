@@ -3,8 +3,8 @@
 //! tools/whisper-to-onnx). A call takes several tokens: the prompt at once, then the last
 //! choice with a guess of what follows (from an earlier transcript of the same speech), kept
 //! as far as the greedy choice confirms it. One call of 12 tokens costs 11.0 ms here against
-//! 3.9-4.7 ms for one (the 8-bit decoder). Language forced or detected from the first decoder step; timestamps off;
-//! audio longer than 30 s is cut at pauses the VAD finds.
+//! 3.9-4.7 ms for one (the 8-bit decoder). Language forced or detected from the first decoder
+//! step; timestamps off; audio longer than 30 s is cut at pauses the VAD finds.
 
 use std::path::Path;
 
