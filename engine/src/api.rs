@@ -83,6 +83,35 @@ pub struct Classification {
     pub ms: f64,
 }
 
+/// Where a prefill request's prompt ends: the first occurrence of this character in its rendered
+/// messages (a private-use code point, which no template writes). Text after it is not
+/// prefilled.
+pub const PREFILL_CUT: char = '\u{E000}';
+
+/// Prefill the start of a prompt that is not whole yet — a voice turn's transcript while the
+/// user still speaks — into a role's cache slot, so that the request with the whole prompt
+/// decodes only what follows. The messages are rendered with the role's template and cut at
+/// [`PREFILL_CUT`]; nothing is sampled or answered. It yields to every request: when its turn
+/// comes with anything queued behind it, it answers `busy` without running, so it delays only
+/// a request that comes while it runs (by one short prefill, which that request then reuses).
+#[derive(Debug, Clone)]
+pub struct PrefillRequest {
+    pub role: String,
+    pub messages: Vec<ChatMessage>,
+    /// Cache slot, as for [`GenerateRequest::slot`].
+    pub slot: u32,
+}
+
+/// What a prefill did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prefilled {
+    /// Tokens of the prompt up to the cut.
+    pub prompt_tokens: u32,
+    /// Of those, the ones decoded now (the rest were already held).
+    pub prefilled_tokens: u32,
+    pub ms: f64,
+}
+
 /// How a generation ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenSummary {
@@ -148,4 +177,12 @@ pub trait Llm: Send + Sync {
         request: ClassifyRequest,
         cancel: CancellationToken,
     ) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError>;
+
+    /// Prefill a prompt's start (see [`PrefillRequest`]); same queue and cancellation rules,
+    /// but it yields (`busy`) to any request queued behind it.
+    fn prefill(
+        &self,
+        request: PrefillRequest,
+        cancel: CancellationToken,
+    ) -> Result<oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError>;
 }

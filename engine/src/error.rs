@@ -42,6 +42,8 @@ pub enum GenerateError {
     NoModel(String),
     #[error("the queue for role {role:?} is full ({capacity} waiting): try again later")]
     Busy { role: String, capacity: usize },
+    #[error("role {0:?} has a request waiting: a prefill ahead of time yields to it")]
+    Occupied(String),
     #[error("prompt has {prompt} tokens but role {role:?} has a context of {n_ctx}")]
     ContextOverflow { role: String, prompt: usize, n_ctx: u32 },
     #[error("cannot build the prompt: {0}")]
@@ -56,7 +58,7 @@ impl From<GenerateError> for LlmError {
     fn from(e: GenerateError) -> Self {
         let code = match &e {
             GenerateError::NoModel(_) => ErrorCode::NoModel,
-            GenerateError::Busy { .. } => ErrorCode::Busy,
+            GenerateError::Busy { .. } | GenerateError::Occupied(_) => ErrorCode::Busy,
             GenerateError::ContextOverflow { .. } => ErrorCode::ContextOverflow,
             GenerateError::Prompt(_) => ErrorCode::BadRequest,
             GenerateError::Decode { .. } => ErrorCode::Engine,

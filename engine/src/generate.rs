@@ -20,7 +20,10 @@
 
 use std::time::Instant;
 
-use crate::api::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, LlmError};
+use crate::api::{
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, LlmError, Prefilled as PrefillSummary,
+    PREFILL_CUT,
+};
 use kazeia_ipc::{Metrics, StopReason};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -31,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::compute::Compute;
 use crate::error::GenerateError;
-use crate::job::{ClassifyJob, Job};
+use crate::job::{ClassifyJob, Job, PrefillJob};
 use crate::model::SharedModel;
 use crate::params::RoleParams;
 use crate::prompt;
@@ -163,6 +166,26 @@ impl Run<'_, '_> {
             return Err(GenerateError::ContextOverflow { role: self.cfg.role.clone(), prompt: tokens.len(), n_ctx });
         }
         Ok((tokens, base, p.thinks))
+    }
+
+    /// The tokens of `messages` rendered and cut at [`PREFILL_CUT`] (a prompt's start, for a
+    /// prefill ahead of time). The start of a prompt tokenizes as the whole prompt's start:
+    /// llama.cpp's tokenizers split words before merging them, and the caller cuts at a word's
+    /// end.
+    fn tokenize_until(&self, messages: &[ChatMessage]) -> Result<Vec<LlamaToken>, GenerateError> {
+        let p = prompt::build(self.model, self.cfg.chat_template.as_deref(), messages, false)?;
+        let Some(cut) = p.base.find(PREFILL_CUT) else {
+            return Err(GenerateError::Prompt("the rendered prompt has no cut mark".into()));
+        };
+        let tokens = self.model.model.vocab().tokenize(&p.base.as_bytes()[..cut], true, true);
+        if tokens.is_empty() {
+            return Err(GenerateError::Prompt("the prompt is empty".into()));
+        }
+        let n_ctx = self.ctx.n_ctx();
+        if tokens.len() >= n_ctx as usize {
+            return Err(GenerateError::ContextOverflow { role: self.cfg.role.clone(), prompt: tokens.len(), n_ctx });
+        }
+        Ok(tokens)
     }
 
     /// Bring the context to `tokens`: keep the common prefix, drop the rest, decode the new part
@@ -416,14 +439,14 @@ pub fn run(
 /// system prompt is prefilled once per model and context shape, not once per start of the
 /// daemon (Android stops idle services). Kept as a checkpoint, a new conversation rewinds to it
 /// instead of starting over.
-fn fixed_opening(run: &mut Run<'_, '_>, job: &Job, tokens: &[LlamaToken]) -> Option<usize> {
+fn fixed_opening(run: &mut Run<'_, '_>, messages: &[ChatMessage], tokens: &[LlamaToken]) -> Option<usize> {
     let for_file = !run.cache.prefix_kept && run.cfg.prefix_dir.is_some();
     let for_checkpoint =
         run.cfg.checkpoints >= 2 && run.model.recurrent_state() && run.cache.checkpoints(run.seq as usize).is_empty();
     if run.cfg.cache_slots > 1 || !(for_file || for_checkpoint) {
         return None;
     }
-    let system: Vec<ChatMessage> = job.request.messages.iter().take_while(|m| m.role == "system").cloned().collect();
+    let system: Vec<ChatMessage> = messages.iter().take_while(|m| m.role == "system").cloned().collect();
     let probe = |text: &str| {
         let mut m = system.clone();
         m.push(ChatMessage::new("user", text));
@@ -458,7 +481,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     // of starting over.
     let hybrid = base >= 2 && run.model.recurrent_state();
     let first = if hybrid { base - 1 } else { tokens.len() };
-    let keep_at = fixed_opening(run, job, &tokens);
+    let keep_at = fixed_opening(run, &job.request.messages, &tokens);
     let mut pre = run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events))?;
     let rewind = Rewind { at: base };
     if first < tokens.len() && !pre.cancelled {
@@ -682,6 +705,53 @@ pub fn run_classify(
     let mut run = Run { ctx, seq, cache, model, cfg, compute };
     let result = classify(&mut run, &job.request, &job.cancel).map_err(LlmError::from);
     let _ = job.reply.send(result);
+}
+
+/// Run a prefill job. Always answers once.
+pub fn run_prefill(
+    ctx: &mut LlamaContext<'_>,
+    cache: &mut Cache,
+    model: &SharedModel,
+    cfg: &RoleParams,
+    compute: &Compute,
+    job: PrefillJob,
+) {
+    let seq = slot(cfg, job.request.slot);
+    let mut run = Run { ctx, seq, cache, model, cfg, compute };
+    let result = prefill_ahead(&mut run, &job).map_err(LlmError::from);
+    let _ = job.reply.send(result);
+}
+
+fn prefill_ahead(run: &mut Run<'_, '_>, job: &PrefillJob) -> Result<PrefillSummary, GenerateError> {
+    let t = Instant::now();
+    let tokens = run.tokenize_until(&job.request.messages)?;
+    let cancelled = || job.cancel.is_cancelled();
+    // A hybrid model's state where this start extends what the sequence holds: if the whole
+    // prompt then departs from this start (the transcript's last words heard differently), it
+    // rewinds here, not to an older checkpoint.
+    let held = run.cache.seq(run.seq as usize).clone();
+    if run.model.recurrent_state() && !held.is_empty() && held.len() < tokens.len() && tokens.starts_with(&held) {
+        run.take_checkpoint(held.len());
+    }
+    let keep_at = fixed_opening(run, &job.request.messages, &tokens);
+    let pre = run.prefill(&tokens, false, keep_at, &cancelled, None)?;
+    if pre.cancelled {
+        return Err(GenerateError::Cancelled);
+    }
+    tracing::debug!(
+        role = %run.cfg.role,
+        slot = run.seq,
+        prompt = tokens.len(),
+        cached = pre.cached,
+        prefilled = pre.decoded,
+        ms = t.elapsed().as_secs_f64() * 1e3,
+        "prefilled ahead"
+    );
+    Ok(PrefillSummary {
+        prompt_tokens: tokens.len() as u32,
+        prefilled_tokens: pre.decoded,
+        ms: t.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 fn log_softmax_at(logits: &[f32], ids: &[LlamaToken]) -> Vec<f32> {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{Classification, ClassifyRequest, GenEvent, GenerateRequest, LlmError};
+use crate::api::{Classification, ClassifyRequest, GenEvent, GenerateRequest, LlmError, PrefillRequest, Prefilled};
 
 /// A generation: its request, its cancel, and the channel its events go to.
 pub struct Job {
@@ -25,8 +25,16 @@ pub struct ClassifyJob {
     pub reply: tokio::sync::oneshot::Sender<Result<Classification, LlmError>>,
 }
 
+/// A prefill of a prompt's start and the channel its outcome goes to.
+pub struct PrefillJob {
+    pub request: PrefillRequest,
+    pub cancel: CancellationToken,
+    pub reply: tokio::sync::oneshot::Sender<Result<Prefilled, LlmError>>,
+}
+
 /// A request for the role's thread; each carries its own reply channel.
 pub enum Msg {
     Generate(Box<Job>),
     Classify(Box<ClassifyJob>),
+    Prefill(Box<PrefillJob>),
 }

@@ -30,14 +30,15 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
+    LlmError, PrefillRequest, Prefilled, PREFILL_CUT,
 };
 pub use backend::{place, Placement};
 pub use error::{GenerateError, LoadError};
 pub use model::{ModelKey, SharedModel};
 pub use params::{Backend, FlashAttn, RoleParams, Sampling};
 
-use job::{ClassifyJob, Job, Msg};
+use job::{ClassifyJob, Job, Msg, PrefillJob};
 use worker::Worker;
 
 /// Requests waiting per role beyond the running one, before `busy`.
@@ -227,6 +228,18 @@ impl Llm for Engine {
         let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
         let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
         role.worker.submit(Msg::Classify(Box::new(ClassifyJob { request, cancel, reply })))?;
+        Ok(rx)
+    }
+
+    fn prefill(
+        &self,
+        request: PrefillRequest,
+        cancel: CancellationToken,
+    ) -> Result<oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError> {
+        let (reply, rx) = oneshot::channel();
+        let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
+        let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
+        role.worker.submit(Msg::Prefill(Box::new(PrefillJob { request, cancel, reply })))?;
         Ok(rx)
     }
 }

@@ -215,15 +215,29 @@ fn run(
                 Msg::Classify(job) => {
                     let _ = job.reply.send(Err(e));
                 }
+                Msg::Prefill(job) => {
+                    let _ = job.reply.send(Err(e));
+                }
             }
             counters.pending.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
+        // A prefill ahead of time yields to any request queued behind it (the worker takes a
+        // message only after counting the previous one done, so this count is exact): it is
+        // skipped, not run first. Of several prefills queued, the newest runs.
+        let msg = match msg {
+            Msg::Prefill(job) if counters.pending.load(Ordering::SeqCst) > 1 => {
+                let _ = job.reply.send(Err(GenerateError::Occupied(cfg.role.clone()).into()));
+                counters.pending.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            msg => msg,
+        };
         // A generation's channel stays open through a panic (this clone), so that its caller
         // hears the error only once the role is marked failed, never before.
         let events = match &msg {
             Msg::Generate(job) => Some(job.events.clone()),
-            Msg::Classify(_) => None,
+            Msg::Classify(_) | Msg::Prefill(_) => None,
         };
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             fault::maybe_panic(&cfg.role);
@@ -233,6 +247,7 @@ fn run(
                     counters.generated.fetch_add(u64::from(n), Ordering::SeqCst);
                 }
                 Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+                Msg::Prefill(job) => generate::run_prefill(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
             }
         }));
         if let Err(panic) = served {

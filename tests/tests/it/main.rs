@@ -3,6 +3,7 @@
 //! memory (estimate vs measured, shared weights, speech memory, admission) stay in binaries of
 //! their own: a neighbour test loading a model would move their figures.
 
+mod ahead;
 mod budget;
 mod cascade;
 mod engine;

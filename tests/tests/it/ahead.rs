@@ -1,0 +1,199 @@
+//! Prefills ahead of the end of a voice turn (pipelines/src/warm.rs): the input guard and the
+//! Thinker prefill the words heard so far; the turn's own requests then decode only the rest,
+//! and answer exactly as a cold context would. On SmolLM2 (attention) and the tiny qwen35 (the
+//! target Thinker's hybrid architecture, whose recurrent state cannot be cut back: a transcript
+//! that departs from the partial one rewinds to the state where the prefill began).
+
+use kazeia_engine::Engine;
+use kazeia_ipc::ErrorCode;
+use kazeia_pipelines::{
+    ChatMessage, Check, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateOptions, GenerateRequest, GuardFormat,
+    GuardPolicy, Llm, PrefillRequest, Registry, TurnInput,
+};
+use kazeia_tests::{config, model_toml, qwen35_tiny, smollm2};
+use tokio_util::sync::CancellationToken;
+
+/// A Thinker and a two-slot guard on `file` (one model, two contexts), as models.toml has them.
+fn engine(file: &std::path::Path) -> Engine {
+    let toml = format!(
+        "{}\n{}",
+        model_toml("thinker", file, "n_ctx = 1024\nn_ubatch = 128"),
+        model_toml("guard", file, "n_ctx = 1024\nn_ubatch = 128\ncache_slots = 2")
+    );
+    let c = config(&toml);
+    let engine = Engine::new();
+    for role in ["thinker", "guard"] {
+        let m = c.model(role).unwrap().clone();
+        engine.load(&m.role_params(), c.model_path(&m), Box::new(|_| {})).unwrap();
+    }
+    engine
+}
+
+async fn answer(engine: &Engine, text: &str) -> (String, GenSummary) {
+    generate(engine, vec![ChatMessage::new("user", text)]).await
+}
+
+/// The Thinker's greedy answer to `messages` (10 tokens at most).
+async fn generate(engine: &Engine, messages: Vec<ChatMessage>) -> (String, GenSummary) {
+    let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(10), ..Default::default() };
+    let req = GenerateRequest::new("thinker", messages, opts);
+    let mut rx = engine.generate(req, CancellationToken::new()).unwrap();
+    let mut reply = String::new();
+    loop {
+        match rx.recv().await.expect("the engine finishes") {
+            GenEvent::Token { text, .. } => reply.push_str(&text),
+            GenEvent::Finished(r) => return (reply, r.unwrap()),
+            _ => {}
+        }
+    }
+}
+
+async fn input_check(engine: &Engine, text: &str) -> kazeia_pipelines::Classification {
+    let p = GuardFormat::Compact.prompt(Check::Input, text, "");
+    let req = ClassifyRequest {
+        role: "guard".into(),
+        messages: p.messages,
+        answer_prefix: p.answer_prefix,
+        labels: p.labels.into_iter().map(|(s, _)| s).collect(),
+        reuse_cache: true,
+        slot: Check::Input.slot(),
+    };
+    engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
+}
+
+/// The roles of the guarded chat prefilled with `partial` (pipelines' warm); each role's
+/// prompt tokens up to the cut.
+async fn warm(engine: &Engine, policy: &GuardPolicy, partial: &str) -> Vec<(String, u32)> {
+    let registry = Registry::builtin();
+    let pipeline = registry.get("guarded-chat").unwrap();
+    let input = TurnInput { text: partial.into(), ..Default::default() };
+    let engines = Engines { llm: engine, policy, sessions: None };
+    kazeia_pipelines::warm(pipeline, &input, engines, CancellationToken::new())
+        .await
+        .into_iter()
+        .map(|(role, r)| (role, r.unwrap().prompt_tokens))
+        .collect()
+}
+
+async fn ahead_then_whole(file: &std::path::Path) {
+    let question = "What is the capital of France?";
+    let cold = engine(file);
+    let (cold_reply, cold_summary) = answer(&cold, question).await;
+    let cold_check = input_check(&cold, question).await;
+
+    let policy = GuardPolicy { format: GuardFormat::Compact, ..GuardPolicy::default() };
+    for (partial, extends) in [("What is the capital.", true), ("What was the", false)] {
+        let warm_engine = engine(file);
+        // A first turn, as a conversation has: the guard's slot then holds its instructions.
+        input_check(&warm_engine, "Hello there.").await;
+        let prefilled = warm(&warm_engine, &policy, partial).await;
+        let roles: Vec<&str> = prefilled.iter().map(|(r, _)| r.as_str()).collect();
+        assert_eq!(roles, ["guard", "thinker"], "{file:?}");
+        let (guard_ahead, thinker_ahead) = (prefilled[0].1, prefilled[1].1);
+
+        let check = input_check(&warm_engine, question).await;
+        assert_eq!(check.label, cold_check.label, "{file:?} {partial:?}");
+        for ((l, p), (_, q)) in check.scores.iter().zip(&cold_check.scores) {
+            assert!((p - q).abs() < 0.02, "{file:?} {partial:?} {l}: {p} vs {q}");
+        }
+        let (reply, summary) = answer(&warm_engine, question).await;
+        assert_eq!(reply, cold_reply, "{file:?} {partial:?}: not the answer of a full prefill");
+        assert_eq!(summary.metrics.prompt_tokens, cold_summary.metrics.prompt_tokens);
+        if extends {
+            // Everything prefilled ahead was kept: only the rest of the question was decoded.
+            assert!(summary.cached_tokens >= thinker_ahead, "{file:?}: {summary:?} after {thinker_ahead}");
+            let guard_rest = check.prompt_tokens - guard_ahead;
+            assert!(check.prefilled_tokens <= guard_rest + 1, "{file:?}: {check:?} after {guard_ahead}");
+        } else {
+            // "was" departs from "is": the start before it is kept, the rest decoded again.
+            assert!(summary.cached_tokens < thinker_ahead, "{file:?}: {summary:?}");
+            assert!(check.prefilled_tokens < cold_check.prefilled_tokens, "{file:?}: {check:?} vs {cold_check:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn words_heard_so_far_are_prefilled_and_the_answer_is_unchanged() {
+    ahead_then_whole(&smollm2()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen35_words_heard_so_far_are_prefilled_and_the_answer_is_unchanged() {
+    ahead_then_whole(&qwen35_tiny()).await;
+}
+
+/// The hybrid Thinker in a conversation: the prefill ahead extends what the sequence holds (the
+/// first turn, its answer included), so its state there is kept; a final transcript departing
+/// from the partial one rewinds to it, not to the older checkpoint where the first turn's
+/// prompt ended (its answer would be decoded again), and answers as a cold context does.
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen35_a_departing_transcript_rewinds_to_where_the_prefill_began() {
+    let file = qwen35_tiny();
+    let engine = engine(&file);
+    let first = vec![ChatMessage::new("user", "Tell me about the sea.")];
+    let (said, s0) = generate(&engine, first.clone()).await;
+    assert!(s0.metrics.generated_tokens >= 2, "{s0:?}");
+    // The sequence holds the first prompt and the answer (its last token, when the length
+    // stopped it, not decoded).
+    let held = s0.metrics.prompt_tokens + s0.metrics.generated_tokens - 1;
+    let mut history = first;
+    history.push(ChatMessage::new("assistant", said));
+    let mut partial = history.clone();
+    partial.push(ChatMessage::new("user", format!("What was the{}", kazeia_engine::PREFILL_CUT)));
+    let ahead = PrefillRequest { role: "thinker".into(), messages: partial, slot: 0 };
+    let p = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+    assert!(p.prompt_tokens > held, "{p:?} {s0:?}");
+    let mut whole = history;
+    whole.push(ChatMessage::new("user", "What is the capital of France?"));
+    let (reply, s) = generate(&engine, whole.clone()).await;
+    assert!(s.cached_tokens >= held, "rewound to {} of {held} held before the prefill: {s:?}", s.cached_tokens);
+    let (cold_reply, cold) = generate(&self::engine(&file), whole).await;
+    assert_eq!(cold.cached_tokens, 0);
+    assert_eq!(reply, cold_reply, "the rewound state answers otherwise than a full prefill");
+}
+
+/// A prefill ahead of time yields to requests: queued while the role serves one, then with a
+/// request queued behind it, it is skipped (`busy`) and that request runs as if it had never
+/// been asked; alone, it runs. Without its cut mark it is a bad request, and the role serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefill_ahead_yields_to_requests() {
+    let engine = engine(&smollm2());
+    let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(48), ignore_eos: true, ..Default::default() };
+    let req = GenerateRequest::new("thinker", vec![ChatMessage::new("user", "Count to twenty.")], opts);
+    let mut running = engine.generate(req, CancellationToken::new()).unwrap();
+    // Once a token came, the generation is surely running (48 tokens take far longer).
+    while !matches!(running.recv().await, Some(GenEvent::Token { .. })) {}
+    let ahead = PrefillRequest {
+        role: "thinker".into(),
+        messages: vec![ChatMessage::new("user", format!("What is{}", kazeia_engine::PREFILL_CUT))],
+        slot: 0,
+    };
+    let skipped = engine.prefill(ahead.clone(), CancellationToken::new()).unwrap();
+    let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(4), ..Default::default() };
+    let question = vec![ChatMessage::new("user", "What is the capital of France?")];
+    let mut next =
+        engine.generate(GenerateRequest::new("thinker", question.clone(), opts), CancellationToken::new()).unwrap();
+    let finished = |mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>| async move {
+        loop {
+            if let GenEvent::Finished(r) = rx.recv().await.expect("the engine finishes") {
+                return r.unwrap();
+            }
+        }
+    };
+    assert_eq!(finished(running).await.metrics.generated_tokens, 48);
+    let e = skipped.await.unwrap().expect_err("skipped for the request behind it");
+    assert_eq!(e.code, ErrorCode::Busy, "{e}");
+    let asked = loop {
+        if let GenEvent::Finished(r) = next.recv().await.unwrap() {
+            break r.unwrap();
+        }
+    };
+    // Alone, it runs; had it run before the question, the question would have found it cached.
+    let ran = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+    assert!(asked.cached_tokens < ran.prompt_tokens, "{asked:?} vs {ran:?}");
+    let unmarked =
+        PrefillRequest { role: "thinker".into(), messages: vec![ChatMessage::new("user", "What is")], slot: 0 };
+    let e = engine.prefill(unmarked, CancellationToken::new()).unwrap().await.unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadRequest, "{e}");
+    generate(&engine, question).await;
+}
