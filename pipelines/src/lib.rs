@@ -6,11 +6,14 @@ pub mod guard;
 pub mod runner;
 pub mod session;
 pub mod split;
+pub mod warm;
 
 pub use definition::{Pipeline, PipelineError, Plan, Registry, Stage};
 pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
 pub use kazeia_engine::api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
+    LlmError, PrefillRequest, Prefilled,
 };
 pub use runner::{check, run_turn, Engines, TurnInput, Verdict};
 pub use session::Sessions;
+pub use warm::warm;

@@ -22,7 +22,7 @@ use kazeia_ipc::{ErrorCode, Event, Metrics, StopReason};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::definition::Pipeline;
+use crate::definition::{Pipeline, Plan};
 use crate::guard::{parse_categories, Check, GuardPolicy, Label};
 use crate::session::Sessions;
 use crate::split::{first_clause, first_sentence};
@@ -124,6 +124,18 @@ pub async fn check(
     Ok(Verdict { label, categories, ms: t.elapsed().as_secs_f64() * 1e3, by_rule: false })
 }
 
+/// What the Thinker reads for `text`: the stage's system prompt, the session's earlier turns,
+/// then `text` as the user's message (a prefill ahead of time renders the same, cut short).
+pub(crate) fn thinker_messages(plan: &Plan, input: &TurnInput, engines: &Engines<'_>, text: &str) -> Vec<ChatMessage> {
+    let mut messages: Vec<ChatMessage> =
+        plan.think_system.iter().map(|s| ChatMessage::new("system", s.clone())).collect();
+    if let (Some(s), Some(store)) = (&input.session, engines.sessions) {
+        messages.extend(store.history(s));
+    }
+    messages.push(ChatMessage::new("user", text));
+    messages
+}
+
 type Pending<'a> = Pin<Box<dyn Future<Output = Result<Verdict, LlmError>> + Send + 'a>>;
 
 /// Run one turn of `pipeline`. Every event goes to `out`; the turn always ends with exactly one
@@ -158,11 +170,7 @@ pub async fn run_turn(
     let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1e3;
     let (llm, policy) = (engines.llm, engines.policy);
     let user = ChatMessage::new("user", input.text.clone());
-    let mut messages = match (&input.session, engines.sessions) {
-        (Some(s), Some(store)) => store.history(s),
-        _ => Vec::new(),
-    };
-    messages.push(user.clone());
+    let messages = thinker_messages(&plan, &input, &engines, &input.text);
     let verdict_event = |stage: Check, v: &Verdict| Event::Verdict {
         id: id.clone(),
         stage: stage.as_str().to_string(),
@@ -200,9 +208,6 @@ pub async fn run_turn(
     let thinker_cancel = cancel.child_token();
     let mut options = input.options.clone();
     options.thinking_budget = options.thinking_budget.or(plan.think_budget);
-    if let Some(system) = &plan.think_system {
-        messages.insert(0, ChatMessage::new("system", system.clone()));
-    }
     let request = GenerateRequest::new(&think_role, messages, options);
     let mut thinker: Option<mpsc::UnboundedReceiver<GenEvent>> = None;
     if guard_in.is_none() || pipeline.overlap {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kazeia_ipc::{Event, Metrics, StopReason};
 use kazeia_pipelines::{
     run_turn, ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateRequest,
-    GuardPolicy, Label, Llm, LlmError, Registry, TurnInput,
+    GuardPolicy, Label, Llm, LlmError, PrefillRequest, Prefilled, Registry, Sessions, TurnInput,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +33,8 @@ struct Scripted {
     /// What the Thinker was asked, and everything the guard saw.
     thinker_messages: Mutex<Vec<ChatMessage>>,
     guard_saw: Mutex<String>,
+    /// The prefills ahead of time asked for: (role, slot, the messages' text).
+    prefilled: Mutex<Vec<(String, u32, String)>>,
     classified: AtomicU32,
     /// The Thinker's reply, streamed a word at a time.
     reply: Vec<String>,
@@ -47,6 +49,7 @@ impl Scripted {
             thinker_cancel: Mutex::new(None),
             thinker_messages: Mutex::new(Vec::new()),
             guard_saw: Mutex::new(String::new()),
+            prefilled: Mutex::new(Vec::new()),
             classified: AtomicU32::new(0),
             reply: SENTENCES.iter().map(|s| s.to_string()).collect(),
         }
@@ -95,8 +98,7 @@ impl Llm for Scripted {
     ) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError> {
         self.classified.fetch_add(1, Ordering::SeqCst);
         let check = if request.slot == Check::Output.slot() { Check::Output } else { Check::Input };
-        let seen: String =
-            request.messages.iter().map(|m: &ChatMessage| m.content.as_str()).collect::<Vec<_>>().join("\n");
+        let seen = text_of(&request.messages);
         self.guard_saw.lock().unwrap().push_str(&seen);
         let label = (self.script)(check, &seen);
         let text = self.labels.iter().find(|(_, l)| *l == label).expect("the format has the label").0.clone();
@@ -112,6 +114,22 @@ impl Llm for Scripted {
         }));
         Ok(rx)
     }
+
+    fn prefill(
+        &self,
+        request: PrefillRequest,
+        _cancel: CancellationToken,
+    ) -> Result<oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError> {
+        self.prefilled.lock().unwrap().push((request.role, request.slot, text_of(&request.messages)));
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Ok(Prefilled { prompt_tokens: 1, prefilled_tokens: 1, ms: 1.0 }));
+        Ok(rx)
+    }
+}
+
+/// The messages as one text, roles included (what a template renders, less its markup).
+fn text_of(messages: &[ChatMessage]) -> String {
+    messages.iter().map(|m| format!("{}: {}", m.role, m.content)).collect::<Vec<_>>().join("\n")
 }
 
 /// Run one guarded turn against `llm`; all its events.
@@ -242,4 +260,44 @@ async fn the_first_clause_is_checked_and_released_first() {
         let verdicts = events.iter().filter(|e| matches!(e, Event::Verdict { .. })).count();
         assert_eq!(verdicts, 1 + units.len(), "{events:?}");
     }
+}
+
+/// What a voice turn prefills while the user speaks is the start of what the turn then asks:
+/// the input check's prompt and the Thinker's (system prompt, session history, the user's words
+/// so far), cut after the last word but one; the output check's slot is left alone.
+#[tokio::test]
+async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
+    let llm = Scripted::new(|_, _| Label::Safe);
+    let registry = Registry::builtin();
+    let pipeline = registry.get("guarded-chat").unwrap();
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let sessions = Sessions::new(Duration::from_secs(60));
+    sessions.append("s", ChatMessage::new("user", "Hi."), ChatMessage::new("assistant", "Hello!"));
+    let engines = || Engines { llm: &llm, policy: &policy, sessions: Some(&sessions) };
+    let partial = TurnInput { text: "What is the capital.".into(), session: Some("s".into()), ..Default::default() };
+    let outcomes = kazeia_pipelines::warm(pipeline, &partial, engines(), CancellationToken::new()).await;
+    assert_eq!(
+        outcomes.iter().map(|(r, o)| (r.as_str(), o.is_ok())).collect::<Vec<_>>(),
+        [("guard", true), ("thinker", true)]
+    );
+
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let whole =
+        TurnInput { text: "What is the capital of France?".into(), session: Some("s".into()), ..Default::default() };
+    run_turn(pipeline, whole, engines(), CancellationToken::new(), tx).await;
+    let prefilled = llm.prefilled.lock().unwrap().clone();
+    let cut = |t: &str| t.split('\u{E000}').next().unwrap().to_string();
+    let (role, slot, guard) = &prefilled[0];
+    assert_eq!((role.as_str(), *slot), ("guard", Check::Input.slot()));
+    assert!(cut(guard).ends_with("What is the"), "{guard:?}");
+    assert!(llm.guard_saw.lock().unwrap().starts_with(&cut(guard)), "the input check starts with the prefill");
+    let (role, slot, thinker) = &prefilled[1];
+    assert_eq!((role.as_str(), *slot), ("thinker", 0));
+    let asked = text_of(&llm.thinker_messages.lock().unwrap());
+    assert!(asked.contains("Hello!") && asked.starts_with(&cut(thinker)), "{asked:?} / {thinker:?}");
+    assert!(cut(thinker).ends_with("user: What is the"), "{thinker:?}");
+
+    // One word heard: nothing worth prefilling.
+    let one = TurnInput { text: "What".into(), ..Default::default() };
+    assert!(kazeia_pipelines::warm(pipeline, &one, engines(), CancellationToken::new()).await.is_empty());
 }

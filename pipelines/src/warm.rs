@@ -1,0 +1,88 @@
+//! Work a voice turn can do while the user still speaks: with each partial transcript, the input
+//! guard's check and the Thinker's prompt are prefilled up to the words heard so far, so that at
+//! the end of the turn they decode only the rest. Measured on this machine (SmolLM2-135M for both
+//! roles, 2 cores), a guard check after its cached instructions decodes the question's ~7-30
+//! tokens plus 18 fixed ones at ~3 ms each, and the voice turn waits for all of it; during
+//! speech the cores are mostly idle (a partial draft every 2 s of speech).
+//!
+//! Nothing is sampled and nothing is released: these are prefills of the caller's text into the
+//! roles' caches (the same ones every turn prefills), and each yields to any request queued
+//! behind it (the engine skips it then). The last word heard is
+//! left out (Whisper often changes it, or the punctuation after it, once it hears more); where
+//! the final transcript departs from the partial anyway, the common prefix stays and the rest is
+//! decoded again, as for any prompt.
+
+use kazeia_engine::api::{LlmError, PrefillRequest, Prefilled, PREFILL_CUT};
+use tokio_util::sync::CancellationToken;
+
+use crate::definition::Pipeline;
+use crate::guard::Check;
+use crate::runner::{thinker_messages, Engines, TurnInput};
+
+/// The part of a partial transcript worth prefilling: up to the end of its last word but one,
+/// or None when that leaves nothing (or the text holds the cut mark).
+pub fn settled(text: &str) -> Option<&str> {
+    if text.contains(PREFILL_CUT) {
+        return None;
+    }
+    let text = text.trim_end();
+    let cut = text.rfind(char::is_whitespace)?;
+    let head = text[..cut].trim_end();
+    (!head.is_empty()).then_some(head)
+}
+
+/// Prefill the roles of `pipeline` that read the user's text (the input guard, the Thinker) with
+/// `input.text` as heard so far. Returns each role's outcome, in that order (a prefill skipped
+/// for a request says `busy`; nothing here fails the turn).
+pub async fn warm(
+    pipeline: &Pipeline,
+    input: &TurnInput,
+    engines: Engines<'_>,
+    cancel: CancellationToken,
+) -> Vec<(String, Result<Prefilled, LlmError>)> {
+    let Ok(plan) = pipeline.plan() else { return Vec::new() };
+    let Some(head) = settled(&input.text) else { return Vec::new() };
+    let marked = format!("{head}{PREFILL_CUT}");
+    let mut requests = Vec::new();
+    if let Some(role) = &plan.input_guard {
+        let p = engines.policy.format.prompt(Check::Input, &marked, "");
+        requests.push(PrefillRequest { role: role.clone(), messages: p.messages, slot: Check::Input.slot() });
+    }
+    if let Some(role) = &plan.think {
+        let messages = thinker_messages(&plan, input, &engines, &marked);
+        requests.push(PrefillRequest { role: role.clone(), messages, slot: 0 });
+    }
+    // Submitted together: the roles decode one at a time anyway, and the guard, which the turn
+    // needs first, goes first.
+    let pending: Vec<_> = requests
+        .into_iter()
+        .map(|r| {
+            let role = r.role.clone();
+            (role, engines.llm.prefill(r, cancel.clone()))
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for (role, rx) in pending {
+        let outcome = match rx {
+            Ok(rx) => rx.await.unwrap_or_else(|_| Err(LlmError::new(kazeia_ipc::ErrorCode::Engine, "engine stopped"))),
+            Err(e) => Err(e),
+        };
+        outcomes.push((role, outcome));
+    }
+    outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled;
+
+    #[test]
+    fn the_last_word_heard_is_left_out() {
+        assert_eq!(settled("What is the capital."), Some("What is the"));
+        assert_eq!(settled("Quelle est la capitale  "), Some("Quelle est la"));
+        assert_eq!(settled("Hello"), None);
+        assert_eq!(settled(""), None);
+        assert_eq!(settled(" - two"), Some(" -"));
+        assert_eq!(settled("a\u{E000} b c"), None);
+    }
+}
