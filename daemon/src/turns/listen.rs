@@ -116,8 +116,9 @@ impl Task {
     }
 }
 
-/// Where partial transcripts go while the user speaks.
-pub type Partial = Box<dyn Fn(&Transcript) + Send>;
+/// Where partial transcripts go while the user speaks, with whether it is the draft of the
+/// whole utterance at a pause (the turn may end on it) rather than one taken during speech.
+pub type Partial = Box<dyn Fn(&Transcript, bool) + Send>;
 
 /// Listen to a stream: partial transcripts go to `partial`, what was heard comes through the
 /// receiver (see [`Heard`]); the task then watches for barge-in, cancelling `turn` when the user
@@ -347,7 +348,7 @@ fn listen(
             );
             hint.clone_from(&t.ids);
             if heard_words(t) {
-                partial(t);
+                partial(t, waiting.is_some() && !spoke_since_draft);
                 // The draft of the whole utterance, chosen at the pause the model doubts
                 // (started there or `draft_ahead` into its silence): the turn's transcript if
                 // the user says no more.

@@ -78,17 +78,24 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let mut early: Option<Reply<'_>> = None;
     // Early replies being stopped: driven beside the rest, all ended before the final event.
     let mut dropped: Dropped<'_> = FuturesUnordered::new();
+    // Partial transcripts taken during speech, for the roles to prefill while the user speaks.
+    let (heard_so_far, mut partials) = mpsc::unbounded_channel::<String>();
     let (text, language) = if turn.plan.transcribe {
         let (mut heard, task) = match audio {
             Some(AudioSource::Stream(ring)) => {
                 let (out, id) = (out.clone(), id.clone());
-                let partial: listen::Partial = Box::new(move |t| {
+                let partial: listen::Partial = Box::new(move |t, whole| {
                     out(Frame::event(&Event::Transcript {
                         id: id.clone(),
                         text: t.text.clone(),
                         language: Some(t.language.clone()),
                         is_final: false,
-                    }))
+                    }));
+                    // The whole utterance's draft at a pause is the turn's own transcript, or
+                    // an early reply's: no prefill ahead of either.
+                    if !whole {
+                        let _ = heard_so_far.send(t.text.clone());
+                    }
                 });
                 listen::start(sup.clone(), ring, turn.cancel.clone(), partial)
             }
@@ -116,10 +123,18 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                         continue;
                     }
                     Some(()) = dropped.next() => continue,
+                    Some(t) = partials.recv() => {
+                        dropped.push(prefill_ahead(sup, turn, t));
+                        continue;
+                    }
                 },
                 None => tokio::select! {
                     h = heard.recv() => h,
                     Some(()) = dropped.next() => continue,
+                    Some(t) = partials.recv() => {
+                        dropped.push(prefill_ahead(sup, turn, t));
+                        continue;
+                    }
                 },
             };
             match next {
@@ -278,8 +293,42 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
 /// A reply's cascade, as a future the turn drives.
 type RunFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-/// Early replies that were cancelled, until they have stopped.
+/// Work the turn drives beside the rest until it has ended: early replies that were cancelled,
+/// prefills of what the user said so far.
 type Dropped<'a> = FuturesUnordered<RunFuture<'a>>;
+
+/// While the user speaks: the input guard and the Thinker prefill the words heard so far
+/// (`kazeia_pipelines::warm`), so that at the end of the turn they decode only the rest. Each
+/// yields to any request of the roles; nothing is sampled or released.
+fn prefill_ahead<'a>(sup: &'a Arc<Supervisor>, turn: &'a Turn, text: String) -> RunFuture<'a> {
+    Box::pin(async move {
+        if !turn.plan.has_text_stages() {
+            return;
+        }
+        let input = TurnInput {
+            text,
+            session: turn.request.session.as_deref().map(|s| session_key(turn.who.uid, s)),
+            ..TurnInput::default()
+        };
+        let engines = Engines { llm: &sup.engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
+        let t = Instant::now();
+        for (role, outcome) in kazeia_pipelines::warm(&turn.pipeline, &input, engines, turn.cancel.child_token()).await
+        {
+            match outcome {
+                Ok(p) => tracing::debug!(
+                    conn = turn.who.conn,
+                    role,
+                    prompt = p.prompt_tokens,
+                    prefilled = p.prefilled_tokens,
+                    ms = p.ms,
+                    "prefilled ahead of the end of the turn"
+                ),
+                Err(e) => tracing::debug!(conn = turn.who.conn, role, "no prefill ahead: {e}"),
+            }
+        }
+        tracing::debug!(conn = turn.who.conn, ms = t.elapsed().as_secs_f64() * 1e3, "prefills ahead done");
+    })
+}
 
 /// Cancel the early reply, if any: its hold goes first (a decode waiting on it would not see the
 /// cancel for `MAX_HOLD`), its events are never sent, and `dropped` drives it to its end.

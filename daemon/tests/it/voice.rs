@@ -80,14 +80,7 @@ async fn start(c: &Client, pipeline: &str) -> (String, tokio::sync::mpsc::Unboun
 
 /// Run a text turn to its end: the prompt tokens its Thinker saw.
 async fn prompt_tokens(c: &Client, req: Request) -> u32 {
-    let (_, mut rx) = open(c, req).await;
-    loop {
-        match rx.recv().await.expect("open") {
-            Incoming::Event(Event::Done { metrics, .. }) => return metrics.prompt_tokens,
-            Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
-            _ => {}
-        }
-    }
+    turn_metrics(c, req).await.prompt_tokens
 }
 
 /// A hesitation: "So I was wondering if you could,", `pause` samples of silence, then "tell me
@@ -459,6 +452,45 @@ async fn partial_transcripts_arrive_while_the_user_speaks() {
     assert_eq!(finals.len(), 1, "{events:?}");
     assert!(events.last().is_some_and(|(_, f, _)| *f), "the final transcript comes last: {events:?}");
     assert!(wer(text, &finals[0].0) <= 0.25, "{:?} for {text:?}", finals[0].0);
+}
+
+/// While the user speaks, the input guard and the Thinker prefill the words heard so far
+/// (pipelines/src/warm.rs): at the end of the turn the Thinker finds them in its cache. Two text
+/// turns first: what the second shares with the first is the prompt's opening, all a new
+/// question would find cached without the prefills.
+#[tokio::test(flavor = "multi_thread")]
+async fn words_heard_so_far_are_prefilled_before_the_turn_ends() {
+    let d = Daemon::start(&format!("{}partial_every = \"1s\"\n", config_text()));
+    let c = d.client().await;
+    let short = TurnOptions { max_tokens: Some(8), ..TurnOptions::default() };
+    let cached = |text: &str| request(&c, "chat", Some(text), None, short.clone());
+    let _ = turn_metrics(&c, cached("Tell me a joke about cats.")).await;
+    let opening = turn_metrics(&c, cached("Name three rivers in Europe.")).await.cached_tokens;
+    let text = "my brother lives in a small house near the river and every morning he walks along the \
+                water with his two dogs";
+    let (id, mut rx) = open(&c, request(&c, "voice", None, None, short.clone())).await;
+    let (order, transcripts, _, metrics) = voice_turn(&d, &c, &id, &mut rx, &spoken(text)).await;
+    assert!(order.starts_with('t') && order.contains('T'), "a partial transcript first: {order}");
+    assert!(wer(text, &transcripts[0]) <= 0.25, "{transcripts:?}");
+    // At least the first three words were in the Thinker's cache when the turn began.
+    assert!(
+        metrics.cached_tokens >= opening + 3,
+        "{} cached, the opening is {opening}: {metrics:?}\n{}",
+        metrics.cached_tokens,
+        d.log()
+    );
+}
+
+/// Run a text turn to its end: its metrics.
+async fn turn_metrics(c: &Client, req: Request) -> kazeia_ipc::Metrics {
+    let (_, mut rx) = open(c, req).await;
+    loop {
+        match rx.recv().await.expect("open") {
+            Incoming::Event(Event::Done { metrics, .. }) => return metrics,
+            Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+            _ => {}
+        }
+    }
 }
 
 /// `draft_ahead` (64 ms) into a silence the draft of the whole utterance starts, before the
