@@ -1,5 +1,5 @@
-//! Work a voice turn can do while the user still speaks: with each partial transcript, the input
-//! guard's check and the Thinker's prompt are prefilled up to the words heard so far, so that at
+//! Work a voice turn can do while the user still speaks: with each partial transcript, the two
+//! guard checks' prompts and the Thinker's are prefilled up to the words heard so far, so that at
 //! the end of the turn they decode only the rest. Measured on this machine (SmolLM2-135M for both
 //! roles, 2 cores), a guard check after its cached instructions decodes the question's ~7-30
 //! tokens plus 18 fixed ones at ~3 ms each, and the voice turn waits for all of it; during
@@ -31,8 +31,8 @@ pub fn settled(text: &str) -> Option<&str> {
     (!head.is_empty()).then_some(head)
 }
 
-/// Prefill the roles of `pipeline` that read the user's text (the input guard, the Thinker) with
-/// `input.text` as heard so far. Returns each role's outcome, in that order (a prefill skipped
+/// Prefill the roles of `pipeline` that read the user's text (the input guard, the Thinker, the
+/// output guard) with `input.text` as heard so far. Returns each role's outcome, in that order (a prefill skipped
 /// for a request says `busy`; nothing here fails the turn).
 pub async fn warm(
     pipeline: &Pipeline,
@@ -63,13 +63,26 @@ pub async fn warm(
         .collect();
     let mut outcomes = Vec::new();
     for (role, rx) in pending {
-        let outcome = match rx {
-            Ok(rx) => rx.await.unwrap_or_else(|_| Err(LlmError::new(kazeia_ipc::ErrorCode::Engine, "engine stopped"))),
-            Err(e) => Err(e),
-        };
-        outcomes.push((role, outcome));
+        outcomes.push((role, outcome(rx).await));
+    }
+    // The output check's prompt holds the question too, before the reply. It is submitted once
+    // the input check's prefill has ended: both checks are usually one role, where a prefill
+    // with another queued behind it yields (the input check's would never run).
+    if let Some(role) = &plan.output_guard {
+        let p = engines.policy.format.prompt(Check::Output, &marked, "");
+        let r = PrefillRequest { role: role.clone(), messages: p.messages, slot: Check::Output.slot() };
+        outcomes.push((role.clone(), outcome(engines.llm.prefill(r, cancel)).await));
     }
     outcomes
+}
+
+async fn outcome(
+    submitted: Result<tokio::sync::oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError>,
+) -> Result<Prefilled, LlmError> {
+    match submitted {
+        Ok(rx) => rx.await.unwrap_or_else(|_| Err(LlmError::new(kazeia_ipc::ErrorCode::Engine, "engine stopped"))),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

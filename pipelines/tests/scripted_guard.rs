@@ -33,6 +33,8 @@ struct Scripted {
     /// What the Thinker was asked, and everything the guard saw.
     thinker_messages: Mutex<Vec<ChatMessage>>,
     guard_saw: Mutex<String>,
+    /// Each check's slot and text, in order.
+    checks: Mutex<Vec<(u32, String)>>,
     /// The prefills ahead of time asked for: (role, slot, the messages' text).
     prefilled: Mutex<Vec<(String, u32, String)>>,
     classified: AtomicU32,
@@ -49,6 +51,7 @@ impl Scripted {
             thinker_cancel: Mutex::new(None),
             thinker_messages: Mutex::new(Vec::new()),
             guard_saw: Mutex::new(String::new()),
+            checks: Mutex::new(Vec::new()),
             prefilled: Mutex::new(Vec::new()),
             classified: AtomicU32::new(0),
             reply: SENTENCES.iter().map(|s| s.to_string()).collect(),
@@ -100,6 +103,7 @@ impl Llm for Scripted {
         let check = if request.slot == Check::Output.slot() { Check::Output } else { Check::Input };
         let seen = text_of(&request.messages);
         self.guard_saw.lock().unwrap().push_str(&seen);
+        self.checks.lock().unwrap().push((request.slot, seen.clone()));
         let label = (self.script)(check, &seen);
         let text = self.labels.iter().find(|(_, l)| *l == label).expect("the format has the label").0.clone();
         assert!(request.labels.contains(&text), "{text:?} among {:?}", request.labels);
@@ -264,7 +268,7 @@ async fn the_first_clause_is_checked_and_released_first() {
 
 /// What a voice turn prefills while the user speaks is the start of what the turn then asks:
 /// the input check's prompt and the Thinker's (system prompt, session history, the user's words
-/// so far), cut after the last word but one; the output check's slot is left alone.
+/// so far), then the output check's, each cut after the last word but one.
 #[tokio::test]
 async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
     let llm = Scripted::new(|_, _| Label::Safe);
@@ -278,7 +282,7 @@ async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
     let outcomes = kazeia_pipelines::warm(pipeline, &partial, engines(), CancellationToken::new()).await;
     assert_eq!(
         outcomes.iter().map(|(r, o)| (r.as_str(), o.is_ok())).collect::<Vec<_>>(),
-        [("guard", true), ("thinker", true)]
+        [("guard", true), ("thinker", true), ("guard", true)]
     );
 
     let (tx, _rx) = mpsc::unbounded_channel();
@@ -287,10 +291,16 @@ async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
     run_turn(pipeline, whole, engines(), CancellationToken::new(), tx).await;
     let prefilled = llm.prefilled.lock().unwrap().clone();
     let cut = |t: &str| t.split('\u{E000}').next().unwrap().to_string();
+    let checks = llm.checks.lock().unwrap().clone();
+    let check = |slot: u32| &checks.iter().find(|(s, _)| *s == slot).expect("a check of the slot").1;
     let (role, slot, guard) = &prefilled[0];
     assert_eq!((role.as_str(), *slot), ("guard", Check::Input.slot()));
     assert!(cut(guard).ends_with("What is the"), "{guard:?}");
-    assert!(llm.guard_saw.lock().unwrap().starts_with(&cut(guard)), "the input check starts with the prefill");
+    assert!(check(*slot).starts_with(&cut(guard)), "the input check starts with the prefill");
+    let (role, slot, output) = &prefilled[2];
+    assert_eq!((role.as_str(), *slot), ("guard", Check::Output.slot()));
+    assert!(cut(output).ends_with("What is the"), "{output:?}");
+    assert!(check(*slot).starts_with(&cut(output)), "the output check starts with the prefill");
     let (role, slot, thinker) = &prefilled[1];
     assert_eq!((role.as_str(), *slot), ("thinker", 0));
     let asked = text_of(&llm.thinker_messages.lock().unwrap());

@@ -297,7 +297,7 @@ type RunFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 /// prefills of what the user said so far.
 type Dropped<'a> = FuturesUnordered<RunFuture<'a>>;
 
-/// While the user speaks: the input guard and the Thinker prefill the words heard so far
+/// While the user speaks: both guard checks and the Thinker prefill the words heard so far
 /// (`kazeia_pipelines::warm`), so that at the end of the turn they decode only the rest. Each
 /// yields to any request of the roles; nothing is sampled or released.
 fn prefill_ahead<'a>(sup: &'a Arc<Supervisor>, turn: &'a Turn, text: String) -> RunFuture<'a> {

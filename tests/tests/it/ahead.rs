@@ -1,4 +1,4 @@
-//! Prefills ahead of the end of a voice turn (pipelines/src/warm.rs): the input guard and the
+//! Prefills ahead of the end of a voice turn (pipelines/src/warm.rs): both guard checks and the
 //! Thinker prefill the words heard so far; the turn's own requests then decode only the rest,
 //! and answer exactly as a cold context would. On SmolLM2 (attention) and the tiny qwen35 (the
 //! target Thinker's hybrid architecture, whose recurrent state cannot be cut back: a transcript
@@ -12,6 +12,11 @@ use kazeia_pipelines::{
 };
 use kazeia_tests::{config, model_toml, qwen35_tiny, smollm2};
 use tokio_util::sync::CancellationToken;
+
+/// The target guard's format: its input and output checks share almost nothing (the first line
+/// names the user or the assistant), so the output check's slot gains only from its own prefill
+/// (with the compact format it would copy the input check's cells, question included).
+const FORMAT: GuardFormat = GuardFormat::Qwen3guard;
 
 /// A Thinker and a two-slot guard on `file` (one model, two contexts), as models.toml has them.
 fn engine(file: &std::path::Path) -> Engine {
@@ -49,14 +54,18 @@ async fn generate(engine: &Engine, messages: Vec<ChatMessage>) -> (String, GenSu
 }
 
 async fn input_check(engine: &Engine, text: &str) -> kazeia_pipelines::Classification {
-    let p = GuardFormat::Compact.prompt(Check::Input, text, "");
+    guard_check(engine, Check::Input, text, "").await
+}
+
+async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> kazeia_pipelines::Classification {
+    let p = FORMAT.prompt(what, text, reply);
     let req = ClassifyRequest {
         role: "guard".into(),
         messages: p.messages,
         answer_prefix: p.answer_prefix,
         labels: p.labels.into_iter().map(|(s, _)| s).collect(),
         reuse_cache: true,
-        slot: Check::Input.slot(),
+        slot: what.slot(),
     };
     engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
 }
@@ -80,16 +89,17 @@ async fn ahead_then_whole(file: &std::path::Path) {
     let cold = engine(file);
     let (cold_reply, cold_summary) = answer(&cold, question).await;
     let cold_check = input_check(&cold, question).await;
+    let cold_output = guard_check(&cold, Check::Output, question, &cold_reply).await;
 
-    let policy = GuardPolicy { format: GuardFormat::Compact, ..GuardPolicy::default() };
+    let policy = GuardPolicy { format: FORMAT, ..GuardPolicy::default() };
     for (partial, extends) in [("What is the capital.", true), ("What was the", false)] {
         let warm_engine = engine(file);
         // A first turn, as a conversation has: the guard's slot then holds its instructions.
         input_check(&warm_engine, "Hello there.").await;
         let prefilled = warm(&warm_engine, &policy, partial).await;
         let roles: Vec<&str> = prefilled.iter().map(|(r, _)| r.as_str()).collect();
-        assert_eq!(roles, ["guard", "thinker"], "{file:?}");
-        let (guard_ahead, thinker_ahead) = (prefilled[0].1, prefilled[1].1);
+        assert_eq!(roles, ["guard", "thinker", "guard"], "{file:?}");
+        let (guard_ahead, thinker_ahead, output_ahead) = (prefilled[0].1, prefilled[1].1, prefilled[2].1);
 
         let check = input_check(&warm_engine, question).await;
         assert_eq!(check.label, cold_check.label, "{file:?} {partial:?}");
@@ -99,11 +109,21 @@ async fn ahead_then_whole(file: &std::path::Path) {
         let (reply, summary) = answer(&warm_engine, question).await;
         assert_eq!(reply, cold_reply, "{file:?} {partial:?}: not the answer of a full prefill");
         assert_eq!(summary.metrics.prompt_tokens, cold_summary.metrics.prompt_tokens);
+        let output = guard_check(&warm_engine, Check::Output, question, &reply).await;
+        assert_eq!(output.label, cold_output.label, "{file:?} {partial:?}");
+        for ((l, p), (_, q)) in output.scores.iter().zip(&cold_output.scores) {
+            assert!((p - q).abs() < 0.02, "{file:?} {partial:?} output {l}: {p} vs {q}");
+        }
         if extends {
             // Everything prefilled ahead was kept: only the rest of the question was decoded.
             assert!(summary.cached_tokens >= thinker_ahead, "{file:?}: {summary:?} after {thinker_ahead}");
             let guard_rest = check.prompt_tokens - guard_ahead;
             assert!(check.prefilled_tokens <= guard_rest + 1, "{file:?}: {check:?} after {guard_ahead}");
+            // The output check's slot held its instructions and the question's start: only the
+            // rest, the reply and the closing lines were decoded (not most of the prompt).
+            let output_rest = output.prompt_tokens - output_ahead;
+            assert!(output.prefilled_tokens <= output_rest + 1, "{file:?}: {output:?} after {output_ahead}");
+            assert!(output.prefilled_tokens * 2 < output.prompt_tokens, "{file:?}: {output:?}");
         } else {
             // "was" departs from "is": the start before it is kept, the rest decoded again.
             assert!(summary.cached_tokens < thinker_ahead, "{file:?}: {summary:?}");
