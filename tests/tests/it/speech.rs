@@ -161,6 +161,57 @@ fn vad_finds_the_utterance_bounds() {
     assert!(near(segs[1].start, b_start) && near(segs[1].end, b_end), "{segs:?}");
 }
 
+/// A pause counts from the end of the sound: Silero's probability stays high for a few chunks
+/// of silence after the last word (up to 119 ms here, by where the chunks fall), and the turn
+/// would end that much later. Under a noise floor louder than `quiet`, the model's verdict
+/// stands.
+#[test]
+fn a_pause_starts_where_the_sound_ends() {
+    use kazeia_daemon::speech::vad::{Vad, VadParams, CHUNK};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut voice = voice_for(&c, "fr").unwrap();
+    let path = c.cache_path(&c.speech.vad);
+    let silence_start = |audio: &[f32], quiet: f32| {
+        let params = VadParams { quiet, ..VadParams::default() };
+        let mut vad = Vad::load(&path, kazeia_memory_budget::Backend::Cpu, params).unwrap();
+        let segs = vad.segments(audio).unwrap();
+        assert_eq!(segs.len(), 1, "{segs:?}");
+        vad.silence_start(&segs[0])
+    };
+    let quiet = VadParams::default().quiet;
+    let mut lagged = 0;
+    let mut noisy = Vec::new();
+    for text in ["Quelle est la capitale de l'Italie ?", "Peux-tu me donner une idée de dîner rapide ?"] {
+        let said = speak(voice.as_mut(), text);
+        let tail = said.iter().rposition(|x| x.abs() > 0.01).unwrap() + 1;
+        // Where the chunks fall changes the model's lag: four offsets within one chunk.
+        for lead in [0, 128, 256, 384] {
+            let mut rec = vec![0.0; CHUNK + lead];
+            rec.extend(&said[..tail]);
+            let end = rec.len();
+            rec.extend(silence(1.0));
+            let (sound, model) = (silence_start(&rec, quiet), silence_start(&rec, 0.0));
+            eprintln!("{text:?} +{lead}: silence from {sound}, the model alone {model}, the sound ends at {end}");
+            assert!(sound + CHUNK > end && sound < end + CHUNK, "{sound} for a sound ending at {end}");
+            assert!(sound <= model);
+            lagged += usize::from(model >= end + CHUNK);
+            noisy = rec;
+        }
+    }
+    assert!(lagged >= 4, "the model alone lagged over a chunk {lagged} times in 8");
+    // Noise at 5% of the speech's loudest chunk (-26 dB), over everything: no chunk is quiet.
+    let rms = |c: &[f32]| (c.iter().map(|x| x * x).sum::<f32>() / c.len() as f32).sqrt();
+    let loudest = noisy.chunks_exact(CHUNK).map(rms).fold(0.0, f32::max);
+    let mut seed = 1u32;
+    for x in &mut noisy {
+        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        // Uniform in ±a has an RMS of a/√3.
+        *x += 0.05 * loudest * 3f32.sqrt() * ((seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0);
+    }
+    assert_eq!(silence_start(&noisy, quiet), silence_start(&noisy, 0.0));
+}
+
 #[test]
 fn audio_over_30_seconds_is_cut_at_pauses() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
