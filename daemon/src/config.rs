@@ -269,6 +269,10 @@ pub struct SpeechConfig {
     /// Silence that ends an utterance when there is no end-of-turn model (`turn = ""`).
     #[serde(deserialize_with = "de_duration")]
     pub vad_silence: Duration,
+    /// A pause counts from the end of the sound: VAD chunks just before the model's verdict
+    /// whose RMS is under this fraction of the utterance's loudest chunk are silence (Silero
+    /// lags the last word by up to 119 ms); 0 counts from the model's verdict alone.
+    pub vad_quiet: f32,
     /// End-of-turn model (Smart Turn v3.2 ONNX), asked after `turn_pause` of silence whether
     /// the user is done; `""` turns it off (the turn then ends after `vad_silence`).
     pub turn: PathBuf,
@@ -285,8 +289,9 @@ pub struct SpeechConfig {
     /// default, 0.6); 1 turns it off.
     pub no_speech_threshold: f32,
     /// While the user speaks, a partial transcript (`final: false`) after each `partial_every`
-    /// of new speech; `"0s"` sends none. Each is a Whisper run (~0.8 s of both cores here)
-    /// while the daemon would otherwise wait.
+    /// of new speech; `"0s"` sends none. Each is a Whisper run (~0.3 s of both cores here:
+    /// the encoder's 30 s window) while the daemon would otherwise wait, and prefills the
+    /// guards and the Thinker with the words so far (`kazeia_pipelines::warm`).
     #[serde(deserialize_with = "de_duration")]
     pub partial_every: Duration,
     /// How far into a silence the draft of the whole utterance starts, before the pause
@@ -312,13 +317,16 @@ impl Default for SpeechConfig {
             language: "auto".into(),
             languages: vec!["fr".into(), "en".into()],
             vad_silence: Duration::from_millis(500),
+            vad_quiet: kazeia_speech::vad::VadParams::default().quiet,
             turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
             // Pipecat's VAD stop with Smart Turn (it was 0.8 s before the model).
             turn_pause: Duration::from_millis(200),
             turn_threshold: 0.5,
             // Pipecat's fallback `stop_secs`.
             turn_max_silence: Duration::from_secs(3),
-            partial_every: Duration::from_secs(2),
+            // 2 s until the partials prefilled ahead: bench-voice, two runs each alternated,
+            // input guard 124-128 / 136-137 ms, first unit 376-390 / 413-416 (1 s / 2 s).
+            partial_every: Duration::from_secs(1),
             // Two VAD chunks. Where in the silence Whisper's audio ends moves near-ties (its
             // padding is not silence): on 21 clips (Piper and espeak-ng English, espeak-ng
             // French; s16), cut 64 ms in they had the same word errors as cut at the pause
@@ -580,6 +588,10 @@ impl Config {
                 "[speech]: key `no_speech_threshold` must be in (0, 1]".into(),
             ));
         }
+        if !(0.0..1.0).contains(&sp.vad_quiet) {
+            let at = text.find("vad_quiet").or_else(|| text.find("[speech"));
+            return Err(invalid(line_of(text, at.unwrap_or(0)), "[speech]: key `vad_quiet` must be in [0, 1)".into()));
+        }
         if !(sp.turn_threshold > 0.0 && sp.turn_threshold < 1.0) || sp.turn_max_silence < sp.turn_pause {
             let at =
                 text.find("turn_threshold").or_else(|| text.find("turn_max_silence")).or_else(|| text.find("[speech"));
@@ -685,6 +697,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("twice"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nvad_quiet = 1.5\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:5:") && e.contains("vad_quiet"), "{e}");
     }
 
     #[test]

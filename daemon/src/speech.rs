@@ -18,6 +18,7 @@ pub fn stt_params(config: &Config) -> SttParams {
         backend: s.backend,
         threads: s.threads,
         vad_silence: s.vad_silence,
+        vad_quiet: s.vad_quiet,
         languages: s.languages.clone(),
     }
 }

@@ -3,7 +3,7 @@
 //! the end of the turn they decode only the rest. Measured on this machine (SmolLM2-135M for both
 //! roles, 2 cores), a guard check after its cached instructions decodes the question's ~7-30
 //! tokens plus 18 fixed ones at ~3 ms each, and the voice turn waits for all of it; during
-//! speech the cores are mostly idle (a partial draft every 2 s of speech).
+//! speech the cores are mostly idle (a partial draft every `partial_every`, 1 s, of speech).
 //!
 //! Nothing is sampled and nothing is released: these are prefills of the caller's text into the
 //! roles' caches (the same ones every turn prefills), and each yields to any request queued

@@ -43,13 +43,15 @@ pub struct SttParams {
     pub threads: usize,
     /// Silence that ends an utterance.
     pub vad_silence: Duration,
+    /// See `VadParams::quiet`.
+    pub vad_quiet: f32,
     /// Languages detection chooses among (empty: any of Whisper's).
     pub languages: Vec<String>,
 }
 
 impl Transcriber {
     pub fn load(p: &SttParams) -> Result<Transcriber, SpeechError> {
-        let params = VadParams { min_silence: p.vad_silence, ..VadParams::default() };
+        let params = VadParams { min_silence: p.vad_silence, quiet: p.vad_quiet, ..VadParams::default() };
         let vad = Vad::load(&p.vad, p.backend, params)?;
         let whisper = Whisper::load(&p.whisper_dir, p.threads, p.backend)?;
         Ok(Transcriber { vad, whisper, candidates: p.languages.clone() })

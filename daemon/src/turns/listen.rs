@@ -258,7 +258,7 @@ fn listen(
     let s = &sup.config.speech;
     let model = stack.turn.as_ref();
     let pause = s.pause();
-    let params = VadParams { min_silence: pause, ..VadParams::default() };
+    let params = VadParams { min_silence: pause, quiet: s.vad_quiet, ..VadParams::default() };
     let mut vad = match Vad::load(&sup.config.cache_path(&s.vad), s.backend, params) {
         Ok(v) => v,
         Err(e) => {
