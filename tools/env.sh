@@ -3,11 +3,14 @@
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kazeia/target}"
 export KAZEIA_MODELS="${KAZEIA_MODELS:-$HOME/.cache/kazeia/models}"
 export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"
-# llama.cpp without Intel AMX kernels on x86_64 (why: .cargo/config.toml, which sets the same
-# for a bare `cargo build`). Exported as well: on this machine, adding only the [env] entry left
-# an existing target dir's llama.cpp built with AMX (still crashing); built again with the
-# variable exported (`cargo clean -p llama-cpp-sys-2`), it had the flags.
+# llama.cpp without Intel AMX kernels on x86_64: the flags of .cargo/config.toml's [env] (why:
+# there), which a bare `cargo build` gets. Exported as well: on this machine, adding only the
+# [env] entry left an existing target dir's llama.cpp built with AMX (still crashing); built
+# again with the variable exported (`cargo clean -p llama-cpp-sys-2`), it had the flags.
 if [ "$(uname -m)" = x86_64 ]; then
-  export CFLAGS_x86_64_unknown_linux_gnu="${CFLAGS_x86_64_unknown_linux_gnu:--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}"
-  export CXXFLAGS_x86_64_unknown_linux_gnu="${CXXFLAGS_x86_64_unknown_linux_gnu:--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}"
+  _kazeia_flags="$(sed -n 's/^CFLAGS_x86_64_unknown_linux_gnu = "\(.*\)"$/\1/p' \
+    "$(dirname "${BASH_SOURCE[0]}")/../.cargo/config.toml")"
+  export CFLAGS_x86_64_unknown_linux_gnu="${CFLAGS_x86_64_unknown_linux_gnu:-$_kazeia_flags}"
+  export CXXFLAGS_x86_64_unknown_linux_gnu="${CXXFLAGS_x86_64_unknown_linux_gnu:-$_kazeia_flags}"
+  unset _kazeia_flags
 fi

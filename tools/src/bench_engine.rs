@@ -109,14 +109,30 @@ fn main() -> Result<()> {
     cfg.sampling.repeat_penalty = 1.0;
     let path = config.model_path(&cfg);
     let engine = Engine::new().with_exclusive_compute(config.daemon.exclusive_compute);
-    engine.load(&cfg.role_params(), path.clone(), Box::new(|_| {}))?;
+    // llama-bench sizes its context to each test (n_prompt + n_gen, which llama.cpp pads to
+    // 256 cells), and a bigger context decodes slower at the same depth: with the role's n_ctx
+    // of 4096 this bench gave decode 0.952 and 0.954 of llama-bench, with 256 0.988 and 0.994
+    // (alternated, --pp 64). So each of our tests runs on a context of llama-bench's size for
+    // it (the same model, loaded once): the ratios measure the engine, not the context size.
+    let pad = |n: u32| n.div_ceil(256) * 256;
+    let sized = |test: &str, n_ctx: u32| -> Result<String> {
+        let mut p = cfg.role_params();
+        p.role = format!("{}-{test}", args.role);
+        p.n_ctx = n_ctx;
+        p.prefix_dir = None;
+        engine.load(&p, path.clone(), Box::new(|_| {}))?;
+        Ok(p.role)
+    };
+    // The prompts are sized on a context just big enough for them: the role's own n_ctx would
+    // allocate its whole KV cache only to count tokens (the 9B's, on the device).
+    let sizing = sized("sizing", pad(args.pp).max(512))?;
 
     // Size a chat prompt to just under `pp` tokens (templating adds a few).
     let unit = "The quick brown fox jumps over the lazy dog. ";
     let one = |k: usize| -> Result<u32> {
         Ok(generate(
             &engine,
-            &args.role,
+            &sizing,
             &unit.repeat(k),
             GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() },
         )?
@@ -134,25 +150,11 @@ fn main() -> Result<()> {
     let prefill_opts = GenerateOptions { max_tokens: Some(1), temperature: Some(0.0), ..Default::default() };
     let decode_opts =
         GenerateOptions { max_tokens: Some(args.tg), temperature: Some(0.0), ignore_eos: true, ..Default::default() };
-    let hi_tokens = generate(&engine, &args.role, "Hi", prefill_opts.clone())?.metrics.prompt_tokens;
+    let hi_tokens = generate(&engine, &sizing, "Hi", prefill_opts.clone())?.metrics.prompt_tokens;
 
-    // llama-bench sizes its context to each test (n_prompt + n_gen, which llama.cpp pads to
-    // 256 cells), and a bigger context decodes slower at the same depth: with the role's n_ctx
-    // of 4096 this bench gave decode 0.952 and 0.954 of llama-bench, with 256 0.988 and 0.994
-    // (alternated, --pp 64). So each of our tests runs on a context of llama-bench's size for
-    // it (the same model, loaded once): the ratios measure the engine, not the context size.
-    let pad = |n: u32| n.div_ceil(256) * 256;
-    let sized = |test: &str, n_ctx: u32| -> Result<String> {
-        let mut p = cfg.role_params();
-        p.role = format!("{}-{test}", args.role);
-        p.n_ctx = n_ctx;
-        p.prefix_dir = None;
-        engine.load(&p, path.clone(), Box::new(|_| {}))?;
-        Ok(p.role)
-    };
     let pp_role = sized("pp", pad(args.pp))?;
     let tg_role = sized("tg", pad(hi_tokens + args.tg))?;
-    engine.unload(&args.role);
+    engine.unload(&sizing);
     // Warm-up, as llama-bench does before it measures.
     // Both sides prefill exactly this many tokens: what our engine decodes (not reused).
     let warm = generate(&engine, &pp_role, &prompt(1_000_000), prefill_opts.clone())?.metrics;
