@@ -83,17 +83,18 @@ pub struct Classification {
     pub ms: f64,
 }
 
-/// Where a prefill request's prompt ends: the first occurrence of this character in its rendered
-/// messages (a private-use code point, which no template writes). Text after it is not
-/// prefilled.
+/// Where a prefill request's prompt ends: the last occurrence of this character in its rendered
+/// messages (a private-use code point, which no template writes; put at the end of the last
+/// message's text). Text after it is not prefilled.
 pub const PREFILL_CUT: char = '\u{E000}';
 
 /// Prefill the start of a prompt that is not whole yet — a voice turn's transcript while the
 /// user still speaks — into a role's cache slot, so that the request with the whole prompt
 /// decodes only what follows. The messages are rendered with the role's template and cut at
 /// [`PREFILL_CUT`]; nothing is sampled or answered. It yields to every request: when its turn
-/// comes with anything queued behind it, it answers `busy` without running, so it delays only
-/// a request that comes while it runs (by one short prefill, which that request then reuses).
+/// comes with anything queued behind it, it answers `busy` without running, and a request
+/// that comes while it runs waits for one chunk of it (32 tokens), then it stops (`busy`),
+/// keeping what it decoded.
 #[derive(Debug, Clone)]
 pub struct PrefillRequest {
     pub role: String,

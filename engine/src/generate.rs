@@ -174,7 +174,8 @@ impl Run<'_, '_> {
     /// end.
     fn tokenize_until(&self, messages: &[ChatMessage]) -> Result<Vec<LlamaToken>, GenerateError> {
         let p = prompt::build(self.model, self.cfg.chat_template.as_deref(), messages, false)?;
-        let Some(cut) = p.base.find(PREFILL_CUT) else {
+        // The last mark: the cut is in the last message; an earlier one is some client's text.
+        let Some(cut) = p.base.rfind(PREFILL_CUT) else {
             return Err(GenerateError::Prompt("the rendered prompt has no cut mark".into()));
         };
         let tokens = self.model.model.vocab().tokenize(&p.base.as_bytes()[..cut], true, true);
@@ -192,6 +193,11 @@ impl Run<'_, '_> {
     /// in chunks. On return the cache matches what the KV holds, even when cancelled or failed.
     /// `logits`: the last token's logits are wanted (else a prompt already held is left as
     /// it is: a part prefilled before a checkpoint).
+    /// `ahead`: a prefill ahead of a turn (`PrefillRequest`): decoded in chunks of
+    /// `AHEAD_CHUNK`, so that `cancelled` (a request queued behind it) stops it within one, and
+    /// with no checkpoint where it departs from the cache (a hybrid model keeps few: they are
+    /// for the turn's own text, see `prefill_ahead`).
+    #[allow(clippy::too_many_arguments)]
     fn prefill(
         &mut self,
         tokens: &[LlamaToken],
@@ -199,6 +205,7 @@ impl Run<'_, '_> {
         keep_at: Option<usize>,
         cancelled: &dyn Fn() -> bool,
         events: Option<&UnboundedSender<GenEvent>>,
+        ahead: bool,
     ) -> Result<Prefilled, GenerateError> {
         let t = Instant::now();
         let seq = self.seq;
@@ -213,7 +220,7 @@ impl Run<'_, '_> {
         if keep < cached.len() {
             let removed = self.ctx.clear_kv_cache_seq(Some(seq as u32), Some(keep as u32), None).unwrap_or(false);
             if !removed {
-                mark = Some(keep);
+                mark = Some(keep).filter(|_| !ahead);
                 // Recurrent state (e.g. Qwen3.5's DeltaNet layers) cannot be cut back: back to
                 // the checkpoint if one is before the difference, else start over.
                 keep = match self.rewind_to_checkpoint(keep) {
@@ -250,7 +257,10 @@ impl Run<'_, '_> {
                 }
             }
         }
-        let chunk = (self.cfg.prefill_chunk.min(self.ctx.n_batch()) as usize).max(1);
+        let mut chunk = (self.cfg.prefill_chunk.min(self.ctx.n_batch()) as usize).max(1);
+        if ahead {
+            chunk = chunk.min(AHEAD_CHUNK);
+        }
         let mut batch = LlamaBatch::new(chunk, 1);
         let total = tokens.len() as u32;
         let mut decoded = 0u32;
@@ -482,11 +492,12 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let hybrid = base >= 2 && run.model.recurrent_state();
     let first = if hybrid { base - 1 } else { tokens.len() };
     let keep_at = fixed_opening(run, &job.request.messages, &tokens);
-    let mut pre = run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events))?;
+    let mut pre =
+        run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events), false)?;
     let rewind = Rewind { at: base };
     if first < tokens.len() && !pre.cancelled {
         run.take_checkpoint(first);
-        let more = run.prefill(&tokens, true, keep_at, &cancelled, Some(&job.events))?;
+        let more = run.prefill(&tokens, true, keep_at, &cancelled, Some(&job.events), false)?;
         pre = Prefilled {
             decoded: pre.decoded + more.decoded,
             cached: pre.cached,
@@ -707,7 +718,9 @@ pub fn run_classify(
     let _ = job.reply.send(result);
 }
 
-/// Run a prefill job. Always answers once.
+/// Run a prefill job. Always answers once. `queued`: a request waits behind it (it stops for
+/// it between two chunks, answering `busy`).
+#[allow(clippy::too_many_arguments)]
 pub fn run_prefill(
     ctx: &mut LlamaContext<'_>,
     cache: &mut Cache,
@@ -715,28 +728,51 @@ pub fn run_prefill(
     cfg: &RoleParams,
     compute: &Compute,
     job: PrefillJob,
+    queued: &dyn Fn() -> bool,
 ) {
     let seq = slot(cfg, job.request.slot);
     let mut run = Run { ctx, seq, cache, model, cfg, compute };
-    let result = prefill_ahead(&mut run, &job).map_err(LlmError::from);
+    let result = prefill_ahead(&mut run, &job, queued).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
 
-fn prefill_ahead(run: &mut Run<'_, '_>, job: &PrefillJob) -> Result<PrefillSummary, GenerateError> {
+/// Tokens a prefill ahead decodes at a time: a request that comes while it runs waits at most
+/// one such chunk (~90 ms on SmolLM2-135M here; larger chunks gain little on a CPU).
+const AHEAD_CHUNK: usize = 32;
+
+fn prefill_ahead(
+    run: &mut Run<'_, '_>,
+    job: &PrefillJob,
+    queued: &dyn Fn() -> bool,
+) -> Result<PrefillSummary, GenerateError> {
     let t = Instant::now();
-    let tokens = run.tokenize_until(&job.request.messages)?;
-    let cancelled = || job.cancel.is_cancelled();
-    // A hybrid model's state where this start extends what the sequence holds: if the whole
-    // prompt then departs from this start (the transcript's last words heard differently), it
-    // rewinds here, not to an older checkpoint.
-    let held = run.cache.seq(run.seq as usize).clone();
-    if run.model.recurrent_state() && !held.is_empty() && held.len() < tokens.len() && tokens.starts_with(&held) {
-        run.take_checkpoint(held.len());
+    let messages = &job.request.messages;
+    let tokens = run.tokenize_until(messages)?;
+    let stop = || job.cancel.is_cancelled() || queued();
+    let role = run.cfg.role.clone();
+    let stopped = || match job.cancel.is_cancelled() {
+        true => GenerateError::Cancelled,
+        false => GenerateError::Occupied(role.clone()),
+    };
+    let keep_at = fixed_opening(run, messages, &tokens);
+    // A hybrid model keeps its state where the turn's own text begins (after the history and
+    // the last message's header), once per turn: the final transcript, or a later partial, that
+    // departs anywhere in the words heard rewinds there, not to the turn's start or further
+    // (with 2 checkpoints, one per partial evicted it by the second partial).
+    if run.model.recurrent_state() {
+        let text_at = text_start(run, messages, &tokens).filter(|&u| u < tokens.len());
+        let seq = run.seq as usize;
+        if let Some(u) = text_at.filter(|&u| !run.cache.checkpoints(seq).iter().any(|c| c.pos == u)) {
+            let pre = run.prefill(&tokens[..u], false, keep_at, &stop, None, true)?;
+            if pre.cancelled {
+                return Err(stopped());
+            }
+            run.take_checkpoint(u);
+        }
     }
-    let keep_at = fixed_opening(run, &job.request.messages, &tokens);
-    let pre = run.prefill(&tokens, false, keep_at, &cancelled, None)?;
+    let pre = run.prefill(&tokens, false, keep_at, &stop, None, true)?;
     if pre.cancelled {
-        return Err(GenerateError::Cancelled);
+        return Err(stopped());
     }
     tracing::debug!(
         role = %run.cfg.role,
@@ -752,6 +788,16 @@ fn prefill_ahead(run: &mut Run<'_, '_>, job: &PrefillJob) -> Result<PrefillSumma
         prefilled_tokens: pre.decoded,
         ms: t.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// Where the last message's text begins in `tokens`, `messages`' prompt (its header before it):
+/// the same messages with that text replaced by the cut mark, tokenized up to it, when the
+/// prompt starts with those tokens.
+fn text_start(run: &Run<'_, '_>, messages: &[ChatMessage], tokens: &[LlamaToken]) -> Option<usize> {
+    let mut probe = messages.to_vec();
+    probe.last_mut()?.content = PREFILL_CUT.to_string();
+    let head = run.tokenize_until(&probe).ok()?;
+    tokens.starts_with(&head).then_some(head.len())
 }
 
 fn log_softmax_at(logits: &[f32], ids: &[LlamaToken]) -> Vec<f32> {
@@ -774,7 +820,7 @@ fn classify(
     if !req.reuse_cache {
         run.reset();
     }
-    let pre = run.prefill(&tokens, true, None, &cancelled, None)?;
+    let pre = run.prefill(&tokens, true, None, &cancelled, None, false)?;
     if pre.cancelled {
         return Err(GenerateError::Cancelled);
     }

@@ -224,7 +224,8 @@ fn run(
         }
         // A prefill ahead of time yields to any request queued behind it (the worker takes a
         // message only after counting the previous one done, so this count is exact): it is
-        // skipped, not run first. Of several prefills queued, the newest runs.
+        // skipped, not run first, and one running stops between two chunks when a request
+        // comes. Of several prefills queued, the newest runs.
         let msg = match msg {
             Msg::Prefill(job) if counters.pending.load(Ordering::SeqCst) > 1 => {
                 let _ = job.reply.send(Err(GenerateError::Occupied(cfg.role.clone()).into()));
@@ -247,7 +248,10 @@ fn run(
                     counters.generated.fetch_add(u64::from(n), Ordering::SeqCst);
                 }
                 Msg::Classify(job) => generate::run_classify(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
-                Msg::Prefill(job) => generate::run_prefill(&mut ctx, &mut cache, &model, &cfg, &compute, *job),
+                Msg::Prefill(job) => {
+                    let queued = || counters.pending.load(Ordering::SeqCst) > 1;
+                    generate::run_prefill(&mut ctx, &mut cache, &model, &cfg, &compute, *job, &queued)
+                }
             }
         }));
         if let Err(panic) = served {

@@ -43,35 +43,32 @@ pub async fn warm(
     let Ok(plan) = pipeline.plan() else { return Vec::new() };
     let Some(head) = settled(&input.text) else { return Vec::new() };
     let marked = format!("{head}{PREFILL_CUT}");
-    let mut requests = Vec::new();
-    if let Some(role) = &plan.input_guard {
-        let p = engines.policy.format.prompt(Check::Input, &marked, "");
-        requests.push(PrefillRequest { role: role.clone(), messages: p.messages, slot: Check::Input.slot() });
-    }
-    if let Some(role) = &plan.think {
-        let messages = thinker_messages(&plan, input, &engines, &marked);
-        requests.push(PrefillRequest { role: role.clone(), messages, slot: 0 });
-    }
-    // Submitted together: the roles decode one at a time anyway, and the guard, which the turn
-    // needs first, goes first.
-    let pending: Vec<_> = requests
-        .into_iter()
-        .map(|r| {
-            let role = r.role.clone();
-            (role, engines.llm.prefill(r, cancel.clone()))
-        })
-        .collect();
+    // A pipeline without the prefix cache starts each check from an empty slot: a guard's
+    // prefill would be thrown away.
+    let guards = pipeline.prefix_cache;
+    let guard_prefill = |role: &String, check: Check| {
+        let p = engines.policy.format.prompt(check, &marked, "");
+        let r = PrefillRequest { role: role.clone(), messages: p.messages, slot: check.slot() };
+        (role.clone(), engines.llm.prefill(r, cancel.clone()))
+    };
+    // The input check first (the turn needs it first), with the Thinker beside it: the roles
+    // decode one at a time anyway.
+    let input_check = plan.input_guard.as_ref().filter(|_| guards).map(|role| guard_prefill(role, Check::Input));
+    let thinker = plan.think.as_ref().map(|role| {
+        let r =
+            PrefillRequest { role: role.clone(), messages: thinker_messages(&plan, input, &engines, &marked), slot: 0 };
+        (role.clone(), engines.llm.prefill(r, cancel.clone()))
+    });
     let mut outcomes = Vec::new();
-    for (role, rx) in pending {
+    if let Some((role, rx)) = input_check {
         outcomes.push((role, outcome(rx).await));
     }
     // The output check's prompt holds the question too, before the reply. It is submitted once
     // the input check's prefill has ended: both checks are usually one role, where a prefill
     // with another queued behind it yields (the input check's would never run).
-    if let Some(role) = &plan.output_guard {
-        let p = engines.policy.format.prompt(Check::Output, &marked, "");
-        let r = PrefillRequest { role: role.clone(), messages: p.messages, slot: Check::Output.slot() };
-        outcomes.push((role.clone(), outcome(engines.llm.prefill(r, cancel)).await));
+    let output_check = plan.output_guard.as_ref().filter(|_| guards).map(|role| guard_prefill(role, Check::Output));
+    for (role, rx) in thinker.into_iter().chain(output_check) {
+        outcomes.push((role, outcome(rx).await));
     }
     outcomes
 }

@@ -142,10 +142,11 @@ async fn qwen35_words_heard_so_far_are_prefilled_and_the_answer_is_unchanged() {
     ahead_then_whole(&qwen35_tiny()).await;
 }
 
-/// The hybrid Thinker in a conversation: the prefill ahead extends what the sequence holds (the
-/// first turn, its answer included), so its state there is kept; a final transcript departing
-/// from the partial one rewinds to it, not to the older checkpoint where the first turn's
-/// prompt ended (its answer would be decoded again), and answers as a cold context does.
+/// The hybrid Thinker in a conversation: the first prefill ahead keeps the state where the turn's
+/// own text begins (after the first turn, its answer included), and later partials keep it
+/// (2 checkpoints: one per partial evicted it by the second); a final transcript departing from
+/// the partials' words rewinds there, not to the older checkpoint where the first turn's prompt
+/// ended (its answer would be decoded again), and answers as a cold context does.
 #[tokio::test(flavor = "multi_thread")]
 async fn qwen35_a_departing_transcript_rewinds_to_where_the_prefill_began() {
     let file = qwen35_tiny();
@@ -158,11 +159,13 @@ async fn qwen35_a_departing_transcript_rewinds_to_where_the_prefill_began() {
     let held = s0.metrics.prompt_tokens + s0.metrics.generated_tokens - 1;
     let mut history = first;
     history.push(ChatMessage::new("assistant", said));
-    let mut partial = history.clone();
-    partial.push(ChatMessage::new("user", format!("What was the{}", kazeia_engine::PREFILL_CUT)));
-    let ahead = PrefillRequest { role: "thinker".into(), messages: partial, slot: 0 };
-    let p = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
-    assert!(p.prompt_tokens > held, "{p:?} {s0:?}");
+    for heard in ["What was the", "What was the capital of"] {
+        let mut partial = history.clone();
+        partial.push(ChatMessage::new("user", format!("{heard}{}", kazeia_engine::PREFILL_CUT)));
+        let ahead = PrefillRequest { role: "thinker".into(), messages: partial, slot: 0 };
+        let p = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+        assert!(p.prompt_tokens > held, "{p:?} {s0:?}");
+    }
     let mut whole = history;
     whole.push(ChatMessage::new("user", "What is the capital of France?"));
     let (reply, s) = generate(&engine, whole.clone()).await;
