@@ -2,8 +2,8 @@
 //! samples as context and a [2, 1, 128] recurrent state carried between calls. An utterance
 //! starts when the speech probability crosses `threshold` and ends after `min_silence` of
 //! probability below `threshold - 0.15` (hysteresis, as Silero's own iterator does), counted
-//! from the end of the sound: the model's probability lags the last word by up to 119 ms on
-//! clean audio, so chunks just before its verdict that are near-silent (`quiet`) count as silence.
+//! from the end of the sound: the model's probability lags the last word by 0-119 ms on
+//! clean audio (by where the chunks fall), so chunks just before its verdict that are near-silent (`quiet`) count as silence.
 
 use std::path::Path;
 use std::time::Duration;
@@ -27,8 +27,9 @@ pub struct VadParams {
     pub min_speech: Duration,
     /// Kept around each utterance (Whisper wants the word onsets whole).
     pub pad: Duration,
-    /// A chunk whose RMS is under this fraction of the utterance's loudest chunk is silence,
-    /// whatever the model says (0: off). Silero's probability stays high for 0-4 chunks of
+    /// Up to `QUIET_BACK` chunks just before the model calls silence count as silence too when
+    /// their RMS is under this fraction of the utterance's loudest chunk (0: off). Silero's
+    /// probability stays high for 0-4 chunks of
     /// digital silence after the last word (18-119 ms, 67 on average, on five espeak-ng
     /// questions starting at sample 0; it moves with where the chunks fall), so a pause counted
     /// from its verdict alone ends the turn that much later.
@@ -74,7 +75,12 @@ pub struct Vad {
     /// Samples seen.
     pos: usize,
     speech_start: Option<usize>,
+    /// Where the silence going on began: the end of the sound, up to `QUIET_BACK` chunks before
+    /// `off_at`, the chunk the model called silence. Speech is long enough to be an utterance
+    /// (`min_speech`) by the model's verdict, as before the back-dating: a short word must not
+    /// become a click.
     silence_since: Option<usize>,
+    off_at: Option<usize>,
     /// Where the last chunk that was not silence (probability ≥ threshold − 0.15) ended.
     heard_until: usize,
     /// The utterance's loudest chunk (RMS), and the last chunks' RMS, newest last.
@@ -109,6 +115,7 @@ impl Vad {
             pos: 0,
             speech_start: None,
             silence_since: None,
+            off_at: None,
             heard_until: 0,
             peak: 0.0,
             levels: [0.0; QUIET_BACK],
@@ -122,6 +129,7 @@ impl Vad {
         self.pos = 0;
         self.speech_start = None;
         self.silence_since = None;
+        self.off_at = None;
         self.heard_until = 0;
         self.peak = 0.0;
         self.levels = [0.0; QUIET_BACK];
@@ -136,8 +144,8 @@ impl Vad {
     /// going on now began (None: speech is on, or no such utterance). A pause ends the
     /// utterance `min_silence` after it.
     pub fn silence(&self) -> Option<usize> {
-        let (start, since) = (self.speech_start?, self.silence_since?);
-        (since - start >= samples(self.params.min_speech)).then_some(since)
+        let (start, since, off) = (self.speech_start?, self.silence_since?, self.off_at?);
+        (off - start >= samples(self.params.min_speech)).then_some(since)
     }
 
     /// The end of the last chunk that was not silence: audio after it is below threshold −
@@ -189,6 +197,7 @@ impl Vad {
             None if on => {
                 self.speech_start = Some(at);
                 self.silence_since = None;
+                self.off_at = None;
                 self.peak = level;
                 Ok(Some(VadEvent::SpeechStart(at)))
             }
@@ -197,18 +206,21 @@ impl Vad {
                 self.peak = self.peak.max(level);
                 if on {
                     self.silence_since = None;
+                    self.off_at = None;
                 } else if off && self.silence_since.is_none() {
                     // The silence began with the quiet chunks just before this one, if any.
                     let quiet = self.params.quiet * self.peak;
                     let back = before.iter().rev().take_while(|&&l| l < quiet).count();
                     let back = back.min((at - start) / CHUNK);
                     self.silence_since = Some(at - back * CHUNK);
+                    self.off_at = Some(at);
                 }
-                match self.silence_since {
-                    Some(since) if self.pos - since >= samples(self.params.min_silence) => {
+                match (self.silence_since, self.off_at) {
+                    (Some(since), Some(off_at)) if self.pos - since >= samples(self.params.min_silence) => {
                         self.speech_start = None;
                         self.silence_since = None;
-                        if since - start < samples(self.params.min_speech) {
+                        self.off_at = None;
+                        if off_at - start < samples(self.params.min_speech) {
                             return Ok(None);
                         }
                         let pad = samples(self.params.pad);
@@ -231,7 +243,7 @@ impl Vad {
         }
         if let Some(start) = self.speech_start {
             let end = self.silence_since.unwrap_or(audio.len());
-            if end - start >= samples(self.params.min_speech) {
+            if self.off_at.unwrap_or(audio.len()) - start >= samples(self.params.min_speech) {
                 out.push(Segment {
                     start: start.saturating_sub(samples(self.params.pad)),
                     end: (end + samples(self.params.pad)).min(audio.len()),

@@ -210,6 +210,27 @@ fn a_pause_starts_where_the_sound_ends() {
         *x += 0.05 * loudest * 3f32.sqrt() * ((seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0);
     }
     assert_eq!(silence_start(&noisy, quiet), silence_start(&noisy, 0.0));
+    // A short word is an utterance or a click (`min_speech`) by the model's verdict, as without
+    // the back-dating: "Bonjour" cut every 16 ms from 160 to 480 ms, at four places in a chunk,
+    // each with the same outcome both ways.
+    let word = speak(voice.as_mut(), "Bonjour.");
+    let segments = |audio: &[f32], quiet: f32| {
+        let params = VadParams { quiet, ..VadParams::default() };
+        Vad::load(&path, kazeia_memory_budget::Backend::Cpu, params).unwrap().segments(audio).unwrap().len()
+    };
+    let onset = word.iter().position(|x| x.abs() > 0.01).unwrap();
+    let mut found = Vec::new();
+    for lead in [0, 128, 256, 384] {
+        for ms in (160..=480).step_by(16) {
+            let mut rec = vec![0.0; CHUNK * 8 + lead];
+            rec.extend(&word[onset..(onset + ms * 16).min(word.len())]);
+            rec.extend(silence(1.0));
+            let n = segments(&rec, quiet);
+            assert_eq!(n, segments(&rec, 0.0), "\"Bonjour\" cut at {ms} ms, +{lead}");
+            found.push(n);
+        }
+    }
+    assert!(found.contains(&0) && found.contains(&1), "the cuts straddle min_speech: {found:?}");
 }
 
 #[test]
