@@ -117,7 +117,8 @@ impl Task {
 }
 
 /// Where partial transcripts go while the user speaks, with whether it is the draft of the
-/// whole utterance at a pause (the turn may end on it) rather than one taken during speech.
+/// whole utterance at a pause or just before one (the turn may end on it) rather than one taken
+/// during speech.
 pub type Partial = Box<dyn Fn(&Transcript, bool) + Send>;
 
 /// Listen to a stream: partial transcripts go to `partial`, what was heard comes through the
@@ -348,7 +349,11 @@ fn listen(
             );
             hint.clone_from(&t.ids);
             if heard_words(t) {
-                partial(t, waiting.is_some() && !spoke_since_draft);
+                // The whole utterance so far: a pause's draft, or one started `draft_ahead` into
+                // this silence with nothing heard after its audio (the pause will take it).
+                let whole = !spoke_since_draft
+                    && (waiting.is_some() || ahead.is_some_and(|(_, until)| vad.heard_until() <= until));
+                partial(t, whole);
                 // The draft of the whole utterance, chosen at the pause the model doubts
                 // (started there or `draft_ahead` into its silence): the turn's transcript if
                 // the user says no more.
