@@ -7,10 +7,18 @@ export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"
 # there), which a bare `cargo build` gets. Exported as well: on this machine, adding only the
 # [env] entry left an existing target dir's llama.cpp built with AMX (still crashing); built
 # again with the variable exported (`cargo clean -p llama-cpp-sys-2`), it had the flags.
+# (This file's directory: BASH_SOURCE in bash, $0 in zsh; else the repository as the working
+# directory. Empty flags would let the AMX kernels back: say so instead.)
 if [ "$(uname -m)" = x86_64 ]; then
+  if [ -n "${BASH_VERSION:-}" ]; then _kazeia_dir="$(dirname "${BASH_SOURCE[0]}")"; else _kazeia_dir="$(dirname "$0")"; fi
+  [ -f "$_kazeia_dir/../.cargo/config.toml" ] || _kazeia_dir=tools
   _kazeia_flags="$(sed -n 's/^CFLAGS_x86_64_unknown_linux_gnu = "\(.*\)"$/\1/p' \
-    "$(dirname "${BASH_SOURCE[0]}")/../.cargo/config.toml")"
-  export CFLAGS_x86_64_unknown_linux_gnu="${CFLAGS_x86_64_unknown_linux_gnu:-$_kazeia_flags}"
-  export CXXFLAGS_x86_64_unknown_linux_gnu="${CXXFLAGS_x86_64_unknown_linux_gnu:-$_kazeia_flags}"
-  unset _kazeia_flags
+    "$_kazeia_dir/../.cargo/config.toml" 2>/dev/null)"
+  if [ -n "$_kazeia_flags" ]; then
+    export CFLAGS_x86_64_unknown_linux_gnu="${CFLAGS_x86_64_unknown_linux_gnu:-$_kazeia_flags}"
+    export CXXFLAGS_x86_64_unknown_linux_gnu="${CXXFLAGS_x86_64_unknown_linux_gnu:-$_kazeia_flags}"
+  else
+    echo "tools/env.sh: no CFLAGS_x86_64_unknown_linux_gnu in .cargo/config.toml (source this file from the repository)" >&2
+  fi
+  unset _kazeia_flags _kazeia_dir
 fi

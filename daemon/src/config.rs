@@ -294,9 +294,9 @@ pub struct SpeechConfig {
     /// guards and the Thinker with the words so far (`kazeia_pipelines::warm`).
     #[serde(deserialize_with = "de_duration")]
     pub partial_every: Duration,
-    /// How far into a silence the draft of the whole utterance starts, before the pause
-    /// (`turn_pause`, or `vad_silence` without the model) is called: Whisper's head start on the
-    /// end of the turn. If the user speaks on, that draft is only a partial transcript (a
+    /// How far into a silence the draft of the whole utterance starts (not before the VAD calls
+    /// it silence), before the pause (`turn_pause`, or `vad_silence` without the model) is
+    /// called: Whisper's head start on the end of the turn. If the user speaks on, that draft is only a partial transcript (a
     /// Whisper run of otherwise idle cores); `"0s"` starts it at the pause. Shorter than the
     /// pause.
     #[serde(deserialize_with = "de_duration")]
