@@ -269,9 +269,10 @@ pub struct SpeechConfig {
     /// Silence that ends an utterance when there is no end-of-turn model (`turn = ""`).
     #[serde(deserialize_with = "de_duration")]
     pub vad_silence: Duration,
-    /// A pause counts from the end of the sound: VAD chunks just before the model's verdict
-    /// whose RMS is under this fraction of the utterance's loudest chunk are silence (Silero
-    /// lags the last word by up to 119 ms); 0 counts from the model's verdict alone.
+    /// A pause counts from the end of the sound: up to 3 VAD chunks just before the model's
+    /// verdict whose RMS is under this fraction of the utterance's loudest chunk are silence
+    /// (Silero lags the last word by up to 119 ms); 0, the default, counts from the model's
+    /// verdict alone (why: `kazeia_speech::vad::QUIET`, the level to try: 0.02).
     pub vad_quiet: f32,
     /// End-of-turn model (Smart Turn v3.2 ONNX), asked after `turn_pause` of silence whether
     /// the user is done; `""` turns it off (the turn then ends after `vad_silence`).

@@ -1,9 +1,10 @@
 //! Silero VAD over 16 kHz mono, streaming: 512-sample chunks (32 ms) with the previous 64
 //! samples as context and a [2, 1, 128] recurrent state carried between calls. An utterance
 //! starts when the speech probability crosses `threshold` and ends after `min_silence` of
-//! probability below `threshold - 0.15` (hysteresis, as Silero's own iterator does), counted
-//! from the end of the sound: the model's probability lags the last word by 0-119 ms on
-//! clean audio (by where the chunks fall), so chunks just before its verdict that are near-silent (`quiet`) count as silence.
+//! probability below `threshold - 0.15` (hysteresis, as Silero's own iterator does). With
+//! `quiet` the silence counts from the end of the sound: the model's probability lags the last
+//! word by 0-119 ms on clean audio (by where the chunks fall), so near-silent chunks just before
+//! its verdict count as silence (off by default: see `QUIET`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -43,10 +44,8 @@ impl Default for VadParams {
             min_silence: Duration::from_millis(500),
             min_speech: Duration::from_millis(250),
             pad: Duration::from_millis(100),
-            // −34 dB under the loudest chunk: below most final consonants (a weak /f/ may be
-            // near it, which starts the pause at most 96 ms early); a noise floor above it
-            // leaves the model's verdict as it was.
-            quiet: 0.02,
+            // Off: see `QUIET`.
+            quiet: 0.0,
         }
     }
 }
@@ -90,6 +89,16 @@ pub struct Vad {
 }
 
 const SR: usize = 16_000;
+
+/// The `quiet` level measured for `[speech] vad_quiet`: −34 dB under the loudest chunk, below
+/// most final consonants (a weak /f/ may be near it) and above a noisy room. Off by default: it
+/// made the 200 ms pause 200 ms of silence after the sound, shorter than the same pause counted
+/// by Silero alone (Pipecat's stop, which Smart Turn's pause is tuned with), and a spoken
+/// "Good morning. The kitchen window is open." then ended its turn at the sentence's pause (the
+/// JVM client's round-trip test in CI, with Piper's sampled durations); bench-voice gained
+/// nothing (p50 991 with it, 966 without, alternated), as Whisper's draft is what the turn
+/// then waits for.
+pub const QUIET: f32 = 0.02;
 /// How far back a silence may start before the model's verdict (96 ms: the lag measured, less
 /// the rare 119 ms).
 const QUIET_BACK: usize = 3;

@@ -161,9 +161,9 @@ fn vad_finds_the_utterance_bounds() {
     assert!(near(segs[1].start, b_start) && near(segs[1].end, b_end), "{segs:?}");
 }
 
-/// A pause counts from the end of the sound: Silero's probability stays high for a few chunks
-/// of silence after the last word (up to 119 ms here, by where the chunks fall), and the turn
-/// would end that much later. Under a noise floor louder than `quiet`, the model's verdict
+/// With `quiet` (`[speech] vad_quiet`), a pause counts from the end of the sound: Silero's
+/// probability stays high for a few chunks of silence after the last word (up to 119 ms here,
+/// by where the chunks fall). Under a noise floor louder than `quiet`, the model's verdict
 /// stands.
 #[test]
 fn a_pause_starts_where_the_sound_ends() {
@@ -179,7 +179,7 @@ fn a_pause_starts_where_the_sound_ends() {
         assert_eq!(segs.len(), 1, "{segs:?}");
         vad.silence_start(&segs[0])
     };
-    let quiet = VadParams::default().quiet;
+    let quiet = kazeia_daemon::speech::vad::QUIET;
     let mut lagged = 0;
     let mut noisy = Vec::new();
     for text in ["Quelle est la capitale de l'Italie ?", "Peux-tu me donner une idée de dîner rapide ?"] {
