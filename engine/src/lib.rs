@@ -204,6 +204,13 @@ impl Engine {
                 .and_then(|p| std::fs::metadata(p).ok().map(|meta| (p.clone(), meta.len()))),
         })
     }
+
+    /// Queue `msg` on `role`'s worker (`no_model` when it is not loaded, `busy` when full).
+    fn submit(&self, role: &str, msg: Msg) -> Result<(), GenerateError> {
+        let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
+        let r = roles.get(role).ok_or_else(|| GenerateError::NoModel(role.to_string()))?;
+        r.worker.submit(msg)
+    }
 }
 
 impl Llm for Engine {
@@ -213,9 +220,8 @@ impl Llm for Engine {
         cancel: CancellationToken,
     ) -> Result<mpsc::UnboundedReceiver<GenEvent>, LlmError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
-        let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
-        role.worker.submit(Msg::Generate(Box::new(Job { request, cancel, events: tx, submitted: Instant::now() })))?;
+        let role = request.role.clone();
+        self.submit(&role, Msg::Generate(Box::new(Job { request, cancel, events: tx, submitted: Instant::now() })))?;
         Ok(rx)
     }
 
@@ -225,9 +231,8 @@ impl Llm for Engine {
         cancel: CancellationToken,
     ) -> Result<oneshot::Receiver<Result<Classification, LlmError>>, LlmError> {
         let (reply, rx) = oneshot::channel();
-        let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
-        let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
-        role.worker.submit(Msg::Classify(Box::new(ClassifyJob { request, cancel, reply })))?;
+        let role = request.role.clone();
+        self.submit(&role, Msg::Classify(Box::new(ClassifyJob { request, cancel, reply })))?;
         Ok(rx)
     }
 
@@ -237,9 +242,8 @@ impl Llm for Engine {
         cancel: CancellationToken,
     ) -> Result<oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError> {
         let (reply, rx) = oneshot::channel();
-        let roles = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner());
-        let role = roles.get(&request.role).ok_or_else(|| GenerateError::NoModel(request.role.clone()))?;
-        role.worker.submit(Msg::Prefill(Box::new(PrefillJob { request, cancel, reply })))?;
+        let role = request.role.clone();
+        self.submit(&role, Msg::Prefill(Box::new(PrefillJob { request, cancel, reply })))?;
         Ok(rx)
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! Nothing is sampled and nothing is released: these are prefills of the caller's text into the
 //! roles' caches (the same ones every turn prefills), and each yields to any request queued
-//! behind it (the engine skips it then). The last word heard is
+//! behind it (the engine skips it then, or stops it within 32 tokens if it is running). The last word heard is
 //! left out (Whisper often changes it, or the punctuation after it, once it hears more); where
 //! the final transcript departs from the partial anyway, the common prefix stays and the rest is
 //! decoded again, as for any prompt.
