@@ -285,14 +285,21 @@ pub struct SpeechConfig {
     /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
     #[serde(deserialize_with = "de_duration")]
     pub turn_max_silence: Duration,
+    /// Silence after the audio in the Whisper window of a partial transcript (at most 30 s in
+    /// all; the turn's own transcript always runs the whole 30 s): the encoder's time follows
+    /// the window (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole
+    /// windows for partials too. From 1 s to 30 s.
+    #[serde(deserialize_with = "de_duration")]
+    pub partial_margin: Duration,
     /// Whisper's no-speech probability over which a transcript decoded with little confidence
     /// (mean log-probability under -1) is `no_speech` instead (openai-whisper's rule and
     /// default, 0.6); 1 turns it off.
     pub no_speech_threshold: f32,
     /// While the user speaks, a partial transcript (`final: false`) after each `partial_every`
-    /// of new speech; `"0s"` sends none. Each is a Whisper run (~0.3 s of both cores here:
-    /// the encoder's 30 s window) while the daemon would otherwise wait, and prefills the
-    /// guards and the Thinker with the words so far (`kazeia_pipelines::warm`).
+    /// of new speech; `"0s"` sends none. Each is a Whisper run (~0.1-0.15 s of both cores here
+    /// for a short question: its window is cut, `partial_margin`) while the daemon would
+    /// otherwise wait, and prefills the guards and the Thinker with the words so far
+    /// (`kazeia_pipelines::warm`).
     #[serde(deserialize_with = "de_duration")]
     pub partial_every: Duration,
     /// How far into a silence the draft of the whole utterance starts (not before the VAD calls
@@ -319,6 +326,7 @@ impl Default for SpeechConfig {
             languages: vec!["fr".into(), "en".into()],
             vad_silence: Duration::from_millis(500),
             vad_quiet: kazeia_speech::vad::VadParams::default().quiet,
+            partial_margin: Duration::from_millis(10 * kazeia_speech::whisper::PARTIAL_MARGIN as u64),
             turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
             // Pipecat's VAD stop with Smart Turn (it was 0.8 s before the model).
             turn_pause: Duration::from_millis(200),
@@ -589,6 +597,13 @@ impl Config {
                 "[speech]: key `no_speech_threshold` must be in (0, 1]".into(),
             ));
         }
+        if !(Duration::from_secs(1)..=Duration::from_secs(30)).contains(&sp.partial_margin) {
+            let at = text.find("partial_margin").or_else(|| text.find("[speech"));
+            return Err(invalid(
+                line_of(text, at.unwrap_or(0)),
+                "[speech]: key `partial_margin` must be from 1s to 30s".into(),
+            ));
+        }
         if !(0.0..1.0).contains(&sp.vad_quiet) {
             let at = text.find("vad_quiet").or_else(|| text.find("[speech"));
             return Err(invalid(line_of(text, at.unwrap_or(0)), "[speech]: key `vad_quiet` must be in [0, 1)".into()));
@@ -698,6 +713,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("twice"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\npartial_margin = \"31s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("models.toml:5:") && e.contains("partial_margin"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nvad_quiet = 1.5\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:5:") && e.contains("vad_quiet"), "{e}");
     }

@@ -19,6 +19,7 @@ pub fn stt_params(config: &Config) -> SttParams {
         threads: s.threads,
         vad_silence: s.vad_silence,
         vad_quiet: s.vad_quiet,
+        partial_margin: s.partial_margin,
         languages: s.languages.clone(),
     }
 }

@@ -30,6 +30,9 @@ pub struct Transcriber {
     pub whisper: Whisper,
     /// Languages detection chooses among (`[speech] languages`).
     pub candidates: Vec<String>,
+    /// Frames of silence after the audio in a partial transcript's window
+    /// ([`Transcriber::transcribe_partial_until`]).
+    pub partial_margin: usize,
 }
 
 /// Where the STT models are and how they run.
@@ -45,6 +48,9 @@ pub struct SttParams {
     pub vad_silence: Duration,
     /// See `VadParams::quiet`.
     pub vad_quiet: f32,
+    /// Silence after the audio in a partial transcript's Whisper window (see
+    /// [`whisper::PARTIAL_MARGIN`]).
+    pub partial_margin: Duration,
     /// Languages detection chooses among (empty: any of Whisper's).
     pub languages: Vec<String>,
 }
@@ -54,7 +60,9 @@ impl Transcriber {
         let params = VadParams { min_silence: p.vad_silence, quiet: p.vad_quiet, ..VadParams::default() };
         let vad = Vad::load(&p.vad, p.backend, params)?;
         let whisper = Whisper::load(&p.whisper_dir, p.threads, p.backend)?;
-        Ok(Transcriber { vad, whisper, candidates: p.languages.clone() })
+        // Frames of 10 ms (the log-mel's hop).
+        let partial_margin = (p.partial_margin.as_millis() / 10) as usize;
+        Ok(Transcriber { vad, whisper, candidates: p.languages.clone(), partial_margin })
     }
 
     /// Windows of at most 30 s, cut between the VAD's utterances (one utterance longer than
@@ -103,6 +111,22 @@ impl Transcriber {
         self.run(audio, language, hint, &|| stop.is_stopped(), Some(stop))
     }
 
+    /// As [`Transcriber::transcribe_until`], for a partial transcript (the words so far while
+    /// the user speaks, never the turn's own): Whisper's window is the audio and
+    /// `partial_margin`, not 30 s ([`whisper::PARTIAL_MARGIN`] says why only partials).
+    pub fn transcribe_partial_until(
+        &mut self,
+        audio: &[f32],
+        language: Option<&str>,
+        hint: &[u32],
+        stop: &Stop,
+    ) -> Result<Transcript, SpeechError> {
+        let whole = std::mem::replace(&mut self.whisper.margin_frames, self.partial_margin);
+        let t = self.run(audio, language, hint, &|| stop.is_stopped(), Some(stop));
+        self.whisper.margin_frames = whole;
+        t
+    }
+
     fn run(
         &mut self,
         audio: &[f32],
@@ -122,6 +146,7 @@ impl Transcriber {
             avg_logprob: 0.0,
             ids: Vec::new(),
             decoder_calls: 0,
+            frames: 0,
         };
         let (mut logprob_sum, mut scored) = (0.0, 0usize);
         for (i, w) in self.windows(audio)?.into_iter().enumerate() {
@@ -147,6 +172,7 @@ impl Transcriber {
             all.tokens += t.tokens;
             all.ids.extend(&t.ids);
             all.decoder_calls += t.decoder_calls;
+            all.frames += t.frames;
             all.encoder_ms += t.encoder_ms;
             all.decoder_ms += t.decoder_ms;
             all.no_speech_prob = all.no_speech_prob.min(t.no_speech_prob);

@@ -46,17 +46,23 @@ const MAX_TOKENS: usize = 220;
 /// one saves ~4. (Float32: 9.1-9.5, 10.7-11.6, 14.0-14.9, 20.7-20.8.)
 const MAX_GUESS: usize = 24;
 
-/// The encoder always runs on a whole 30 s window, though the graph takes shorter ones
-/// (tools/whisper-to-onnx slices the positional embedding, as whisper.cpp's `audio_ctx` does).
-/// Measured on this project's clips with the window cut to the audio and a margin (and a 30 s
-/// retry of decodes that looped or found no end): no margin looped on every clip (English WER
-/// 5.75); 3 s ended sentences early ("Please send me the report", 0.27); 5 s matched the 30 s
-/// window's WER over 16 noisy English clips (0.038) and 7 French ones (0.78 against 0.84) at a
-/// fifth of the encoder time (4.5 s against 22.9 s), but flipped words the 30 s window heard
-/// right on other clips: "What is the capital of friends?" (the voice test's question, with
-/// margins from 0.7 to 2 s), "fake bread", "but trained to the city" (English WER 0.06 against
-/// 0.02 on the speech tests' five sentences). Quality first: 30 s until a margin passes those
-/// gates. [`Whisper::margin_frames`] sets it for experiments.
+/// A partial transcript's encoder window: the audio and 15 s of the silence Whisper pads with
+/// (in steps of 1 s, at most 30 s). A 3 s utterance runs an 18 s window, its encoder 96-104 ms
+/// instead of 214-249 for the whole 30 s window here (int8, 2 threads), and the decoder's
+/// cross-attention shrinks alike. The graph slices its positional embedding to the input's
+/// length, as whisper.cpp's `audio_ctx` does. Only partials (drafts while the user speaks, shown
+/// and prefilled ahead, never the turn's transcript): the turn's own transcript keeps the whole
+/// window ([`FULL_WINDOW_MARGIN`]). Word errors at 30 / 20 / 15 / 12 s of margin
+/// (`tools/bench-stt --margins`), 180 clips (37 English sentences by the Piper voice and by
+/// espeak-ng, 16 French by espeak-ng, each clean and under noise): English 0.084 / 0.081 /
+/// 0.081 / 0.074, French 0.901 / 0.851 / 0.844 / 0.824, encoder 38.3 / 25.4 / 17.8 / 13.8 s in
+/// all; 26-34% of the transcripts changed, either way, as near-ties do. But on the speech tests' sentences (5 English by the Piper voice without its
+/// noise and by espeak-ng, clean and noisy) 15 s made 0.125 against 0.070 ("but trained to the
+/// city", "I cut up on coffee"), 20 s 0.100, 12 s 0.110: over the issue's gate (+0.02), so not
+/// for the transcript the Thinker answers. Under 12 s errors rise everywhere (10 s: French
+/// +0.06 on 84 clips; 0.7-2 s turned the voice test's "capital of France" to "friends").
+pub const PARTIAL_MARGIN: usize = 1500;
+/// A margin that always gives the whole 30 s window: the default.
 pub const FULL_WINDOW_MARGIN: usize = N_FRAMES;
 
 pub struct Whisper {
@@ -70,8 +76,15 @@ pub struct Whisper {
     /// graph); else exactly 3000.
     dynamic: bool,
     /// Frames of padding after the audio in the encoder's window, in steps of 1 s, at most
-    /// 30 s in all: [`FULL_WINDOW_MARGIN`] by default (always the 30 s window).
+    /// 30 s in all: [`FULL_WINDOW_MARGIN`] but while a partial transcript runs
+    /// ([`crate::Transcriber::transcribe_partial_until`]).
     pub margin_frames: usize,
+    /// Whether the encoder has run a whole 30 s window since it loaded. Until it has, every
+    /// window is whole: ONNX Runtime's arena then holds the largest window's activations in
+    /// one region, which every shorter window fits in. Windows that grew run after run left
+    /// the arena in pieces that each new size outgrew: 16 s to 30 s in steps of 1 s peaked
+    /// 82 MB over the whole window's peak (469 MB against 387), largest first added 3.
+    whole_seen: bool,
     /// The decoder takes several tokens per call (tools/whisper-to-onnx since the causal
     /// mask); else exactly one, and guesses are not tried.
     batched: bool,
@@ -95,6 +108,9 @@ pub struct Transcript {
     /// guess ([`Whisper::transcribe_window`]'s `hint`).
     #[serde(skip)]
     pub ids: Vec<u32>,
+    /// The encoder's windows, in frames of 10 ms (summed over the windows of audio over 30 s).
+    #[serde(skip)]
+    pub frames: usize,
     /// Decoder runs made: one for a given or rightly guessed language's prompt (two when the
     /// language is detected without a guess, or guessed wrong), then one per token, fewer
     /// where the hint's guesses held. One per token fed with a decoder graph that takes one.
@@ -174,15 +190,17 @@ impl Whisper {
             placement,
             dynamic,
             margin_frames: FULL_WINDOW_MARGIN,
+            whole_seen: false,
             batched,
             last_language: None,
         })
     }
 
     /// Frames the encoder runs on for `samples`: the audio's and [`Whisper::margin_frames`], in
-    /// steps of 1 s, at most 30 s (always 30 s for an encoder converted with a fixed input).
+    /// steps of 1 s, at most 30 s; always 30 s for an encoder converted with a fixed input, and
+    /// until a whole window has run (`whole_seen`).
     pub fn window_frames(&self, samples: usize) -> usize {
-        if !self.dynamic {
+        if !self.dynamic || !self.whole_seen {
             return N_FRAMES;
         }
         let frames = samples.div_ceil(HOP).saturating_add(self.margin_frames);
@@ -202,6 +220,7 @@ impl Whisper {
             Some(o) => self.encoder.run_with_options(inputs, o)?,
             None => self.encoder.run(inputs)?,
         };
+        self.whole_seen |= frames == N_FRAMES;
         let mut cross = Vec::with_capacity(2 * self.meta.decoder_layers);
         for i in 0..self.meta.decoder_layers {
             for kv in ["k", "v"] {
@@ -301,6 +320,7 @@ impl Whisper {
         encoder_options: Option<&ort::session::RunOptions>,
     ) -> Result<Transcript, SpeechError> {
         let t0 = std::time::Instant::now();
+        let frames = self.window_frames(samples.len());
         let cross = self.encode(samples, encoder_options)?;
         let encoder_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = std::time::Instant::now();
@@ -412,6 +432,7 @@ impl Whisper {
             avg_logprob: logprob_sum / (out.len() + 1) as f32,
             ids: out,
             decoder_calls: calls,
+            frames,
         })
     }
 }

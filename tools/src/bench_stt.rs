@@ -6,6 +6,13 @@
 //! the clip, then the two alternate, each going first every other rep; medians. Model loading is
 //! excluded on both. Last line: `stt rtf=<x> reference_rtf=<y> ratio=<x/y>`.
 //! Before (our side warmed and first, the reference cold in a new process each rep): 0.609.
+//!
+//! `--margins 30,15,12`: word errors of our Whisper alone at each encoder window margin (the
+//! silence after the audio in the window: `[speech] partial_margin` for partial transcripts),
+//! on 180 clips: 37 English sentences by the Piper voice (its sampled noise off: the same audio
+//! every run) and by espeak-ng, 16 French by espeak-ng, each clean and under seeded noise. How
+//! the partials' 15 s was chosen (`kazeia_speech::whisper::PARTIAL_MARGIN`). Last line:
+//! `stt margins <s>s: en=<wer> fr=<wer> changed=<n>/<clips> encoder_ms=<sum>; ...`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -15,7 +22,8 @@ use std::time::Instant;
 use anyhow::{anyhow, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
-use kazeia_daemon::speech::{audio, voice_for};
+use kazeia_daemon::speech::wer::word_errors;
+use kazeia_daemon::speech::{audio, voice, voice_for, Backend, Piper, Voice, VoiceSpec};
 use kazeia_tools::median;
 
 #[derive(Parser)]
@@ -29,6 +37,9 @@ struct Args {
     /// One rep on tiny inputs (seconds): test.sh runs this so the tool cannot break unseen.
     #[arg(long)]
     smoke: bool,
+    /// Word errors at each of these margins (seconds, 1 to 30) instead of the speed run.
+    #[arg(long, value_delimiter = ',')]
+    margins: Vec<u64>,
 }
 
 const SENTENCES: &[&str] = &[
@@ -89,6 +100,129 @@ impl Drop for Reference {
     }
 }
 
+/// The English sentences of `--margins` after [`SENTENCES`]: questions and requests as the
+/// app hears them.
+const MORE_ENGLISH: &[&str] = &[
+    "What is the capital of France?",
+    "How far is the moon from the earth?",
+    "Can you give me a simple recipe for pancakes?",
+    "Why is the sky blue during the day?",
+    "What time does the sun set in winter?",
+    "Tell me a fun fact about octopuses.",
+    "Hello, how are you today?",
+    "Good morning. The kitchen window is open.",
+    "Fake bread is not the same as real bread.",
+    "Could you remind me to call my mother tomorrow morning?",
+    "The children played in the garden until it got dark.",
+    "How many minutes should I boil an egg?",
+    "Please turn off the lights in the living room.",
+    "What is the difference between a virus and a bacterium?",
+    "My flight to London was delayed by three hours.",
+    "Can you recommend a good book about history?",
+    "The museum is closed on Mondays and public holidays.",
+    "I need to buy bread, cheese and a bottle of water.",
+    "How do I reset the password on my phone?",
+    "The concert starts at eight o'clock in the evening.",
+    "Is it going to rain this weekend in Lyon?",
+    "Write a short poem about the sea.",
+    "The doctor told me to drink more water every day.",
+    "What are the main ingredients of a Caesar salad?",
+    "Set a timer for twenty five minutes.",
+    "Our neighbours adopted a small black dog last month.",
+    "Explain how a rainbow is formed.",
+    "I left my keys on the kitchen table this morning.",
+    "Which planet is the largest in our solar system?",
+];
+
+const FRENCH: &[&str] = &[
+    "Bonjour, je voudrais réserver une table pour deux personnes.",
+    "Il fait très beau aujourd'hui à Paris.",
+    "Le chat dort sur le canapé depuis ce matin.",
+    "Nous allons au marché acheter des légumes.",
+    "Pouvez-vous m'aider à trouver la gare ?",
+    "Quelle est la capitale de l'Italie ?",
+    "Peux-tu me donner une idée de dîner rapide ?",
+    "Combien de jours y a-t-il dans une année bissextile ?",
+    "Quelle heure est-il à Montréal en ce moment ?",
+    "J'aimerais écouter de la musique douce ce soir.",
+    "Combien coûte un billet de train pour Lyon ?",
+    "Peux-tu m'expliquer comment fonctionne un moteur électrique ?",
+    "Rappelle-moi d'acheter du pain demain matin.",
+    "Le musée ouvre ses portes à dix heures.",
+    "Quel temps fera-t-il demain à Marseille ?",
+    "Ma sœur habite dans une petite maison à la campagne.",
+];
+
+/// `--margins`: word errors per margin; the first margin's transcripts are the ones the others
+/// are compared with.
+fn margins(config: &Config, margins: &[u64], smoke: bool) -> Result<()> {
+    anyhow::ensure!(margins.iter().all(|m| (1..=30).contains(m)), "--margins: seconds from 1 to 30");
+    let e = |e: kazeia_daemon::speech::SpeechError| anyhow!("{e}");
+    let piper_path = config.cache_path(Path::new(config.speech.voices.get("en").context("no English voice")?));
+    let mut piper = Piper::load(&piper_path, 2, Backend::Cpu).map_err(e)?.without_noise();
+    let mut espeak_en = voice(&VoiceSpec::Espeak("en".into()), 2, Backend::Cpu).map_err(e)?;
+    let mut espeak_fr = voice(&VoiceSpec::Espeak("fr".into()), 2, Backend::Cpu).map_err(e)?;
+    let take = |v: &'static [&'static str]| if smoke { &v[..1] } else { v };
+    let mut clean: Vec<(&str, &str, Vec<f32>)> = Vec::new();
+    for text in take(SENTENCES).iter().chain(take(MORE_ENGLISH)) {
+        for v in [&mut piper as &mut dyn Voice, espeak_en.as_mut()] {
+            let s = v.synthesize(text).map_err(e)?;
+            clean.push(("en", text, audio::resample(&s, v.sample_rate(), 16_000)));
+        }
+    }
+    for text in take(FRENCH) {
+        let s = espeak_fr.synthesize(text).map_err(e)?;
+        clean.push(("fr", text, audio::resample(&s, espeak_fr.sample_rate(), 16_000)));
+    }
+    // Each clip clean, then with 0.2 s before and 0.4 s after, under noise at −46 dB (seeded).
+    let mut seed = 7u64;
+    let mut clips = Vec::new();
+    for (lang, text, a) in clean {
+        let padded = [vec![0.0; 3_200], a.clone(), vec![0.0; 6_400]].concat();
+        let noisy = padded
+            .iter()
+            .map(|x| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x + ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.01
+            })
+            .collect();
+        clips.push((lang, text, a));
+        clips.push((lang, text, noisy));
+    }
+    let mut stt = kazeia_daemon::speech::transcriber(config).map_err(e)?;
+    // The first run after a load is a whole window whatever the margin (the arena): untimed.
+    stt.transcribe(&clips[0].2, Some("en"), &[], &|| false).map_err(e)?;
+    println!("{:>8} {:>8} {:>8} {:>9} {:>11}", "margin s", "en WER", "fr WER", "changed", "encoder ms");
+    let mut first: Vec<String> = Vec::new();
+    let mut last = Vec::new();
+    for &m in margins {
+        stt.whisper.margin_frames = m as usize * 100;
+        let (mut errors, mut words, mut changed, mut encoder) = ([0; 2], [0; 2], 0, 0.0);
+        for (i, (lang, text, clip)) in clips.iter().enumerate() {
+            let t = stt.transcribe(clip, Some(lang), &[], &|| false).map_err(e)?;
+            let (ce, cn) = word_errors(text, &t.text);
+            let k = usize::from(*lang == "fr");
+            (errors[k], words[k]) = (errors[k] + ce, words[k] + cn);
+            encoder += t.encoder_ms;
+            match first.get(i) {
+                None => first.push(t.text),
+                Some(f) if *f != t.text => changed += 1,
+                Some(_) => {}
+            }
+        }
+        let wer = |k: usize| errors[k] as f64 / words[k].max(1) as f64;
+        println!("{m:>8} {:>8.3} {:>8.3} {:>5}/{:<3} {encoder:>11.0}", wer(0), wer(1), changed, clips.len());
+        last.push(format!(
+            "{m}s: en={:.3} fr={:.3} changed={changed}/{} encoder_ms={encoder:.0}",
+            wer(0),
+            wer(1),
+            clips.len()
+        ));
+    }
+    println!("stt margins {}", last.join("; "));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if args.smoke {
@@ -96,6 +230,9 @@ fn main() -> Result<()> {
     }
     let mut config = Config::load(&args.config).map_err(|e| anyhow!("{e}"))?;
     config.speech.threads = args.threads;
+    if !args.margins.is_empty() {
+        return margins(&config, &args.margins, args.smoke);
+    }
     let dir = tempfile::tempdir()?;
     let mut voice = voice_for(&config, "en").map_err(|e| anyhow!("{e}"))?;
     let mut clip = |texts: &[&str], name: &str| -> Result<(PathBuf, Vec<f32>, String)> {

@@ -8,7 +8,10 @@
 //! speaks on, a draft every `[speech] partial_every` of new speech gives a partial transcript.
 //! A draft of speech the user went on with is stopped, inside the encoder too, so that the
 //! next one does not wait behind it. Dropping a draft stops it and joins its thread: nothing
-//! outlives the turn's listener.
+//! outlives the turn's listener. A partial draft's Whisper window is the audio and
+//! `[speech] partial_margin` (15 s: a 3 s utterance's encoder 96-104 ms against 214-249, less
+//! of the cores taken from the prefills ahead while the user speaks); a draft that may be the
+//! turn's transcript (at a pause, or `draft_ahead` into a silence) runs the whole 30 s window.
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -33,12 +36,14 @@ pub struct Draft {
 impl Draft {
     /// Transcribe `samples` (the utterance so far) on a new thread; `hint`: the token ids of
     /// the latest draft of the same utterance, Whisper's guess (the same text in fewer decoder
-    /// calls: most of a draft is the one before it).
+    /// calls: most of a draft is the one before it). `partial`: a draft while the user speaks,
+    /// never the turn's transcript (its shorter window).
     pub fn start(
         stack: Arc<SpeechStack>,
         samples: Vec<f32>,
         language: Option<String>,
         hint: Vec<u32>,
+        partial: bool,
     ) -> Result<Draft, SpeechError> {
         let stop = Arc::new(Stop::new()?);
         let (tx, result) = mpsc::channel();
@@ -52,6 +57,8 @@ impl Draft {
                 let mut stt = stack.stt.lock().expect("stt");
                 let t = if s.is_stopped() {
                     Err(SpeechError::Run("stopped".into()))
+                } else if partial {
+                    stt.transcribe_partial_until(&samples, language.as_deref(), &hint, &s)
                 } else {
                     stt.transcribe_until(&samples, language.as_deref(), &hint, &s)
                 };

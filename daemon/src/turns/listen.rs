@@ -300,11 +300,12 @@ fn listen(
     // rule: what it writes over noise is invented).
     let heard_words = |t: &Transcript| !t.text.is_empty() && !t.is_no_speech(s.no_speech_threshold);
     let lang = language(sup);
-    let new_draft = |utterance: &[f32], hint: &[u32]| match Draft::start(
+    let new_draft = |utterance: &[f32], hint: &[u32], partial: bool| match Draft::start(
         stack.clone(),
         utterance.to_vec(),
         lang.clone(),
         hint.to_vec(),
+        partial,
     ) {
         Ok(d) => Some(d),
         Err(e) => {
@@ -340,6 +341,7 @@ fn listen(
         if let Some(Ok((t, _))) = draft.as_mut().and_then(Draft::poll) {
             // (A draft that ended before its pause was called is offered at the pause.)
             tracing::debug!(
+                frames = t.frames,
                 encoder_ms = t.encoder_ms,
                 decoder_ms = t.decoder_ms,
                 tokens = t.tokens,
@@ -398,7 +400,7 @@ fn listen(
                     if !started_ahead {
                         harvest(&mut draft, &mut hint);
                         drop(draft.take());
-                        draft = new_draft(&utterance, &hint);
+                        draft = new_draft(&utterance, &hint, false);
                         ahead = None;
                     }
                     spoke_since_draft = false;
@@ -440,7 +442,7 @@ fn listen(
                     {
                         harvest(&mut draft, &mut hint);
                         drop(draft.take());
-                        draft = new_draft(&utterance, &hint);
+                        draft = new_draft(&utterance, &hint, false);
                         ahead = vad.silence().map(|at| (at, pos));
                         spoke_since_draft = false;
                     }
@@ -451,7 +453,7 @@ fn listen(
                         && !draft.as_ref().is_some_and(Draft::is_running)
                         && utterance.len() >= draft.as_ref().map_or(0, |d| d.covers) + partial_n =>
                     {
-                        draft = new_draft(&utterance, &hint);
+                        draft = new_draft(&utterance, &hint, true);
                         ahead = None;
                         spoke_since_draft = true;
                     }

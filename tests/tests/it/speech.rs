@@ -499,3 +499,35 @@ fn a_hint_saves_decoder_calls_and_never_changes_the_transcript() {
     // The right guess: a sentence in one or two calls, not one per token.
     assert!(whole_calls * 4 <= plain_calls, "{whole_calls} calls with the whole hint, {plain_calls} without");
 }
+
+/// A partial transcript (the words so far, while the user speaks) runs Whisper on the audio and
+/// `[speech] partial_margin` (15 s) of padding; the turn's own transcript keeps the whole 30 s
+/// window, which the speech tests' word errors were measured on (a cut window missed 3-5 more
+/// words of them: `kazeia_speech::whisper::PARTIAL_MARGIN`). The first run after a load is
+/// whole whatever it is (ONNX Runtime's arena: tests/speech_memory_stt.rs).
+#[test]
+fn partial_transcripts_run_a_window_cut_to_the_audio() {
+    use kazeia_daemon::speech::whisper::PARTIAL_MARGIN;
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    assert_eq!(stt.partial_margin, PARTIAL_MARGIN);
+    let stop = kazeia_daemon::speech::Stop::new().unwrap();
+    let clip = speak(&mut english_piper(&c), ENGLISH[1]);
+    let first = stt.transcribe_partial_until(&clip, Some("en"), &[], &stop).unwrap();
+    assert_eq!(first.frames, 3000, "the first run after a load is whole");
+    let whole = stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap();
+    assert_eq!(whole.frames, 3000);
+    let partial = stt.transcribe_partial_until(&clip, Some("en"), &[], &stop).unwrap();
+    // Frames of 10 ms: the audio's and the margin, rounded up to a whole second.
+    let cut = (clip.len().div_ceil(160) + PARTIAL_MARGIN).div_ceil(100) * 100;
+    assert!(cut < 3000, "{} s of audio", clip.len() / 16_000);
+    assert_eq!(partial.frames, cut);
+    let (e, n) = word_errors(ENGLISH[1], &partial.text);
+    assert!(e * 5 <= n, "{e}/{n}: {:?}", partial.text);
+    let again = stt.transcribe_until(&clip, Some("en"), &[], &stop).unwrap();
+    assert_eq!((again.frames, &again.text), (3000, &whole.text), "the turn's transcript is whole again");
+    // Audio of 15 s and more: the whole window for partials too.
+    let long: Vec<f32> = [clip.clone(), silence(13.0)].concat();
+    assert_eq!(stt.transcribe_partial_until(&long, Some("en"), &[], &stop).unwrap().frames, 3000);
+}
