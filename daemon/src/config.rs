@@ -288,7 +288,8 @@ pub struct SpeechConfig {
     /// Silence after the audio in the Whisper window of a partial transcript (at most 30 s in
     /// all; the turn's own transcript always runs the whole 30 s): the encoder's time follows
     /// the window (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole
-    /// windows for partials too. From 1 s to 30 s.
+    /// windows for partials too. From 5 s to 30 s (under 5 s Whisper loops or ends sentences
+    /// early: wasted cores, not a draft).
     #[serde(deserialize_with = "de_duration")]
     pub partial_margin: Duration,
     /// Whisper's no-speech probability over which a transcript decoded with little confidence
@@ -597,11 +598,11 @@ impl Config {
                 "[speech]: key `no_speech_threshold` must be in (0, 1]".into(),
             ));
         }
-        if !(Duration::from_secs(1)..=Duration::from_secs(30)).contains(&sp.partial_margin) {
+        if !(Duration::from_secs(5)..=Duration::from_secs(30)).contains(&sp.partial_margin) {
             let at = text.find("partial_margin").or_else(|| text.find("[speech"));
             return Err(invalid(
                 line_of(text, at.unwrap_or(0)),
-                "[speech]: key `partial_margin` must be from 1s to 30s".into(),
+                "[speech]: key `partial_margin` must be from 5s to 30s".into(),
             ));
         }
         if !(0.0..1.0).contains(&sp.vad_quiet) {

@@ -101,6 +101,16 @@ pub struct PrefillRequest {
     pub messages: Vec<ChatMessage>,
     /// Cache slot, as for [`GenerateRequest::slot`].
     pub slot: u32,
+    /// Where to hear of each chunk decoded ([`GenEvent::Prefill`]: tokens in the context of
+    /// the prompt's total; on a hybrid model the pass to where the turn's text begins first,
+    /// against that point), as a generation's prefill is heard of; none by default.
+    pub progress: Option<mpsc::UnboundedSender<GenEvent>>,
+}
+
+impl PrefillRequest {
+    pub fn new(role: impl Into<String>, messages: Vec<ChatMessage>, slot: u32) -> PrefillRequest {
+        PrefillRequest { role: role.into(), messages, slot, progress: None }
+    }
 }
 
 /// What a prefill did.

@@ -749,6 +749,7 @@ fn prefill_ahead(
     let messages = &job.request.messages;
     let tokens = run.tokenize_until(messages)?;
     let stop = || job.cancel.is_cancelled() || queued();
+    let progress = job.request.progress.as_ref();
     let role = run.cfg.role.clone();
     let stopped = || match job.cancel.is_cancelled() {
         true => GenerateError::Cancelled,
@@ -763,14 +764,14 @@ fn prefill_ahead(
         let text_at = text_start(run, messages, &tokens).filter(|&u| u < tokens.len());
         let seq = run.seq as usize;
         if let Some(u) = text_at.filter(|&u| !run.cache.checkpoints(seq).iter().any(|c| c.pos == u)) {
-            let pre = run.prefill(&tokens[..u], false, keep_at, &stop, None, true)?;
+            let pre = run.prefill(&tokens[..u], false, keep_at, &stop, progress, true)?;
             if pre.cancelled {
                 return Err(stopped());
             }
             run.take_checkpoint(u);
         }
     }
-    let pre = run.prefill(&tokens, false, keep_at, &stop, None, true)?;
+    let pre = run.prefill(&tokens, false, keep_at, &stop, progress, true)?;
     if pre.cancelled {
         return Err(stopped());
     }

@@ -48,15 +48,14 @@ pub async fn warm(
     let guards = pipeline.prefix_cache;
     let guard_prefill = |role: &String, check: Check| {
         let p = engines.policy.format.prompt(check, &marked, "");
-        let r = PrefillRequest { role: role.clone(), messages: p.messages, slot: check.slot() };
+        let r = PrefillRequest::new(role.clone(), p.messages, check.slot());
         (role.clone(), engines.llm.prefill(r, cancel.clone()))
     };
     // The input check first (the turn needs it first), with the Thinker beside it: the roles
     // decode one at a time anyway.
     let input_check = plan.input_guard.as_ref().filter(|_| guards).map(|role| guard_prefill(role, Check::Input));
     let thinker = plan.think.as_ref().map(|role| {
-        let r =
-            PrefillRequest { role: role.clone(), messages: thinker_messages(&plan, input, &engines, &marked), slot: 0 };
+        let r = PrefillRequest::new(role.clone(), thinker_messages(&plan, input, &engines, &marked), 0);
         (role.clone(), engines.llm.prefill(r, cancel.clone()))
     });
     let mut outcomes = Vec::new();

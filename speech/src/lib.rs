@@ -17,6 +17,7 @@ pub use runtime::{placement, Placement, SpeechError, Stop};
 pub use tts::{Espeak, Piper, Voice};
 pub use turn::EndOfTurn;
 pub use vad::{Segment, Vad, VadEvent, VadParams};
+use whisper::FULL_WINDOW_MARGIN;
 pub use whisper::{Transcript, Whisper};
 
 use std::path::PathBuf;
@@ -97,7 +98,7 @@ impl Transcriber {
         hint: &[u32],
         cancel: &dyn Fn() -> bool,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, hint, cancel, None)
+        self.run(audio, language, hint, FULL_WINDOW_MARGIN, cancel, None)
     }
 
     /// As [`Transcriber::transcribe`], stopped by `stop` (inside the encoder too).
@@ -108,7 +109,7 @@ impl Transcriber {
         hint: &[u32],
         stop: &Stop,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, hint, &|| stop.is_stopped(), Some(stop))
+        self.run(audio, language, hint, FULL_WINDOW_MARGIN, &|| stop.is_stopped(), Some(stop))
     }
 
     /// As [`Transcriber::transcribe_until`], for a partial transcript (the words so far while
@@ -121,17 +122,16 @@ impl Transcriber {
         hint: &[u32],
         stop: &Stop,
     ) -> Result<Transcript, SpeechError> {
-        let whole = std::mem::replace(&mut self.whisper.margin_frames, self.partial_margin);
-        let t = self.run(audio, language, hint, &|| stop.is_stopped(), Some(stop));
-        self.whisper.margin_frames = whole;
-        t
+        self.run(audio, language, hint, self.partial_margin, &|| stop.is_stopped(), Some(stop))
     }
 
+    /// `margin`: frames of silence after the audio in Whisper's window.
     fn run(
         &mut self,
         audio: &[f32],
         language: Option<&str>,
         hint: &[u32],
+        margin: usize,
         cancel: &dyn Fn() -> bool,
         stop: Option<&Stop>,
     ) -> Result<Transcript, SpeechError> {
@@ -160,6 +160,7 @@ impl Transcriber {
                 lang.as_deref(),
                 &self.candidates,
                 hint,
+                margin,
                 cancel,
                 stop.map(Stop::options),
             )?;

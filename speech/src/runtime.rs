@@ -151,7 +151,8 @@ impl Stop {
 /// Whether a model's tensors have the same shapes at every run, which decides its allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shapes {
-    /// Same shapes every run, or shapes with a small cap (Whisper's encoder on its 30 s window,
+    /// Same shapes every run, or shapes with a small cap (Whisper's encoder: at most a 30 s
+    /// window, and its first run after a load is one, see `Whisper::whole_seen`;
     /// Smart Turn's 8 s, the VAD's chunk, Piper's runs of at most `tts::MAX_IDS_PER_RUN`
     /// phoneme ids): ONNX Runtime's CPU arena. It grows to the largest run's working set and
     /// is reused, where the system allocator gave every run's big tensors back and faulted them

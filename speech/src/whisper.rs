@@ -75,10 +75,6 @@ pub struct Whisper {
     /// The encoder takes any number of frames (tools/whisper-to-onnx since the length-dynamic
     /// graph); else exactly 3000.
     dynamic: bool,
-    /// Frames of padding after the audio in the encoder's window, in steps of 1 s, at most
-    /// 30 s in all: [`FULL_WINDOW_MARGIN`] but while a partial transcript runs
-    /// ([`crate::Transcriber::transcribe_partial_until`]).
-    pub margin_frames: usize,
     /// Whether the encoder has run a whole 30 s window since it loaded. Until it has, every
     /// window is whole: ONNX Runtime's arena then holds the largest window's activations in
     /// one region, which every shorter window fits in. Windows that grew run after run left
@@ -189,30 +185,30 @@ impl Whisper {
             mel: Mel::new(),
             placement,
             dynamic,
-            margin_frames: FULL_WINDOW_MARGIN,
             whole_seen: false,
             batched,
             last_language: None,
         })
     }
 
-    /// Frames the encoder runs on for `samples`: the audio's and [`Whisper::margin_frames`], in
+    /// Frames the encoder runs on for `samples`: the audio's and `margin` (frames of silence
+    /// after it: [`FULL_WINDOW_MARGIN`], or [`PARTIAL_MARGIN`] for a partial transcript), in
     /// steps of 1 s, at most 30 s; always 30 s for an encoder converted with a fixed input, and
     /// until a whole window has run (`whole_seen`).
-    pub fn window_frames(&self, samples: usize) -> usize {
+    pub fn window_frames(&self, samples: usize, margin: usize) -> usize {
         if !self.dynamic || !self.whole_seen {
             return N_FRAMES;
         }
-        let frames = samples.div_ceil(HOP).saturating_add(self.margin_frames);
+        let frames = samples.div_ceil(HOP).saturating_add(margin);
         frames.div_ceil(100).saturating_mul(100).min(N_FRAMES)
     }
 
     fn encode(
         &mut self,
         samples: &[f32],
+        frames: usize,
         options: Option<&ort::session::RunOptions>,
     ) -> Result<Vec<ArrayD<f32>>, SpeechError> {
-        let frames = self.window_frames(samples.len());
         let mel = Array3::from_shape_vec((1, N_MELS, frames), self.mel.compute_frames(samples, frames))
             .map_err(|e| SpeechError::Run(e.to_string()))?;
         let inputs = ort::inputs!["mel" => TensorRef::from_array_view(&mel)?];
@@ -303,25 +299,28 @@ impl Whisper {
     /// or None to detect it among `candidates` (all of Whisper's when empty: a French-first app
     /// says `["fr", "en"]`, so that robotic or accented French is not heard as Thai).
     /// `hint`: token ids that likely come out (an earlier transcript of the same speech, its
-    /// [`Transcript::ids`]), or none. Each call feeds the next token with what the hint says
+    /// [`Transcript::ids`]), or none. `margin`: frames of silence after the audio in the
+    /// encoder's window ([`Whisper::window_frames`]). Each call feeds the next token with what the hint says
     /// follows it, and keeps those the greedy choice confirms: the transcript is the one
     /// without a hint (each token is still the model's own choice), in fewer calls.
     /// `cancel` is checked between calls (cancelled before the first, the transcript is empty
     /// and its language and no-speech probability unknown: 1.0); `encoder_options` (a
     /// [`crate::Stop`]'s) can stop the encoder's run. Detection guesses the language it found
     /// last (a user mostly speaks on in one language): right, the prompt is one call.
+    #[allow(clippy::too_many_arguments)]
     pub fn transcribe_window(
         &mut self,
         samples: &[f32],
         language: Option<&str>,
         candidates: &[String],
         hint: &[u32],
+        margin: usize,
         cancel: &dyn Fn() -> bool,
         encoder_options: Option<&ort::session::RunOptions>,
     ) -> Result<Transcript, SpeechError> {
         let t0 = std::time::Instant::now();
-        let frames = self.window_frames(samples.len());
-        let cross = self.encode(samples, encoder_options)?;
+        let frames = self.window_frames(samples.len(), margin);
+        let cross = self.encode(samples, frames, encoder_options)?;
         let encoder_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = std::time::Instant::now();
         let mut past = self.empty_cache();

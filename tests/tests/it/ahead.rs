@@ -162,7 +162,7 @@ async fn qwen35_a_departing_transcript_rewinds_to_where_the_prefill_began() {
     for heard in ["What was the", "What was the capital of"] {
         let mut partial = history.clone();
         partial.push(ChatMessage::new("user", format!("{heard}{}", kazeia_engine::PREFILL_CUT)));
-        let ahead = PrefillRequest { role: "thinker".into(), messages: partial, slot: 0 };
+        let ahead = PrefillRequest::new("thinker", partial, 0);
         let p = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
         assert!(p.prompt_tokens > held, "{p:?} {s0:?}");
     }
@@ -186,11 +186,11 @@ async fn a_prefill_ahead_yields_to_requests() {
     let mut running = engine.generate(req, CancellationToken::new()).unwrap();
     // Once a token came, the generation is surely running (48 tokens take far longer).
     while !matches!(running.recv().await, Some(GenEvent::Token { .. })) {}
-    let ahead = PrefillRequest {
-        role: "thinker".into(),
-        messages: vec![ChatMessage::new("user", format!("What is{}", kazeia_engine::PREFILL_CUT))],
-        slot: 0,
-    };
+    let ahead = PrefillRequest::new(
+        "thinker",
+        vec![ChatMessage::new("user", format!("What is{}", kazeia_engine::PREFILL_CUT))],
+        0,
+    );
     let skipped = engine.prefill(ahead.clone(), CancellationToken::new()).unwrap();
     let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(4), ..Default::default() };
     let question = vec![ChatMessage::new("user", "What is the capital of France?")];
@@ -214,9 +214,61 @@ async fn a_prefill_ahead_yields_to_requests() {
     // Alone, it runs; had it run before the question, the question would have found it cached.
     let ran = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
     assert!(asked.cached_tokens < ran.prompt_tokens, "{asked:?} vs {ran:?}");
-    let unmarked =
-        PrefillRequest { role: "thinker".into(), messages: vec![ChatMessage::new("user", "What is")], slot: 0 };
+    let unmarked = PrefillRequest::new("thinker", vec![ChatMessage::new("user", "What is")], 0);
     let e = engine.prefill(unmarked, CancellationToken::new()).unwrap().await.unwrap().unwrap_err();
     assert_eq!(e.code, ErrorCode::BadRequest, "{e}");
     generate(&engine, question).await;
+}
+
+/// A prefill ahead that is running stops between two of its chunks for a request that comes,
+/// and keeps what it decoded: it answers `busy`, and the request finds those tokens cached and
+/// answers as a cold context does. Seen running by its first chunk's progress event, so nothing
+/// here is ordered by time: the request comes with ~20 of its chunks (~2 s) still to go.
+async fn a_running_prefill_stops_for_a_request(file: &std::path::Path) {
+    let engine = engine(file);
+    let text = "The committee met on a rainy Tuesday to review the plans for the new library, \
+                its reading rooms, the children's corner and the garden behind it. "
+        .repeat(24);
+    let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let mut ahead = PrefillRequest::new(
+        "thinker",
+        vec![ChatMessage::new("user", format!("{text}{}", kazeia_engine::PREFILL_CUT))],
+        0,
+    );
+    ahead.progress = Some(tx);
+    let running = engine.prefill(ahead, CancellationToken::new()).unwrap();
+    // (On the hybrid model, the pass up to where the turn's text begins comes first.)
+    let (first, total) = loop {
+        match progress.recv().await {
+            Some(GenEvent::Prefill { done, total, .. }) if total > 16 * 32 => break (done, total),
+            Some(GenEvent::Prefill { done, total, .. }) => eprintln!("{done} of {total}"),
+            Some(_) => {}
+            None => panic!("{file:?}: no progress event for the question"),
+        }
+    };
+    assert!(first <= 32 + 8, "{file:?}: {first} of {total} after the first chunk");
+    let question = vec![ChatMessage::new("user", format!("{text}What is it about?"))];
+    let (reply, asked) = generate(&engine, question.clone()).await;
+    let e = running.await.unwrap().expect_err("stopped for the request");
+    assert_eq!(e.code, ErrorCode::Busy, "{file:?}: {e}");
+    let mut kept = first;
+    while let Ok(GenEvent::Prefill { done, .. }) = progress.try_recv() {
+        kept = done;
+    }
+    eprintln!("{file:?}: prefilled {kept} of {total}, then the request found {} cached", asked.cached_tokens);
+    assert!(kept < total, "{file:?}: the prefill ran to its end ({kept} of {total})");
+    assert!(asked.cached_tokens + 1 >= kept, "{file:?}: {asked:?} after {kept} prefilled");
+    let (cold_reply, cold) = generate(&self::engine(file), question).await;
+    assert_eq!(cold.cached_tokens, 0);
+    assert_eq!(reply, cold_reply, "{file:?}: answered otherwise after a prefill stopped mid-way");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_prefill_stops_for_a_request_smollm2() {
+    a_running_prefill_stops_for_a_request(&smollm2()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_prefill_stops_for_a_request_qwen35() {
+    a_running_prefill_stops_for_a_request(&qwen35_tiny()).await;
 }

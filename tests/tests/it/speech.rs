@@ -514,6 +514,7 @@ fn partial_transcripts_run_a_window_cut_to_the_audio() {
     assert_eq!(stt.partial_margin, PARTIAL_MARGIN);
     let stop = kazeia_daemon::speech::Stop::new().unwrap();
     let clip = speak(&mut english_piper(&c), ENGLISH[1]);
+    assert!(clip.len() >= 2 * 16_000, "{} samples", clip.len());
     let first = stt.transcribe_partial_until(&clip, Some("en"), &[], &stop).unwrap();
     assert_eq!(first.frames, 3000, "the first run after a load is whole");
     let whole = stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap();
