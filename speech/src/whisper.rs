@@ -53,10 +53,14 @@ const MAX_GUESS: usize = 24;
 /// length, as whisper.cpp's `audio_ctx` does. Only partials (drafts while the user speaks, shown
 /// and prefilled ahead, never the turn's transcript): the turn's own transcript keeps the whole
 /// window ([`FULL_WINDOW_MARGIN`]). Word errors at 30 / 20 / 15 / 12 s of margin
-/// (`tools/bench-stt --margins`), 180 clips (37 English sentences by the Piper voice and by
-/// espeak-ng, 16 French by espeak-ng, each clean and under noise): English 0.084 / 0.081 /
-/// 0.081 / 0.074, French 0.901 / 0.851 / 0.844 / 0.824, encoder 38.3 / 25.4 / 17.8 / 13.8 s in
-/// all; 26-34% of the transcripts changed, either way, as near-ties do. But on the speech tests' sentences (5 English by the Piper voice without its
+/// (`tools/bench-stt --margins`: 37 English sentences by the Piper voice and by espeak-ng, 16
+/// French by espeak-ng, each clean and under noise, the language detected as partials have
+/// it): English 0.127 / 0.115 / 0.110 / 0.120, French 0.935 / 1.050 / 1.080 / 0.947, encoder
+/// 39.4 / 25.8 / 18.1 / 14.4 s in all; with the language given and a quarter of the noise,
+/// English 0.084 / 0.081 / 0.081 / 0.074, French 0.901 / 0.851 / 0.844 / 0.824. 26-38% of the
+/// transcripts change either way, as near-ties do. French cannot be judged on these clips
+/// (Whisper base mishears espeak-ng's French whatever the window); English partials are as
+/// good cut. But on the speech tests' sentences (5 English by the Piper voice without its
 /// noise and by espeak-ng, clean and noisy) 15 s made 0.125 against 0.070 ("but trained to the
 /// city", "I cut up on coffee"), 20 s 0.100, 12 s 0.110: over the issue's gate (+0.02), so not
 /// for the transcript the Thinker answers. Under 12 s errors rise everywhere (10 s: French

@@ -24,7 +24,7 @@ fn the_stt_stack_stays_within_its_estimate() {
     let first_frames = stt.transcribe_partial_until(&speech, Some("en"), &[], &stop).unwrap().frames;
     // Partial transcripts' windows, which follow the audio, growing run after run, fit in what
     // the first run, always a whole 30 s window, left in ONNX Runtime's arena. Had the first
-    // run been as short as its audio, 1 s to 15 s grew the peak by 82 MB.
+    // run been as short as its audio, 1 s to 15 s grew the peak by 142 MB (tools/break-tests).
     let first = proc_status_bytes("VmHWM");
     for seconds in 1..=15 {
         let audio: Vec<f32> = (0..16_000 * seconds).map(|i| ((i as f32) * 0.05).sin() * 0.1).collect();
