@@ -773,6 +773,14 @@ fn prefill_ahead(
     }
     let pre = run.prefill(&tokens, false, keep_at, &stop, progress, true)?;
     if pre.cancelled {
+        // What it kept stays cached for the request that stopped it (a timeline reads this).
+        tracing::debug!(
+            role = %run.cfg.role,
+            slot = run.seq,
+            prompt = tokens.len(),
+            kept = pre.cached + pre.decoded,
+            "prefill ahead stopped"
+        );
         return Err(stopped());
     }
     tracing::debug!(
