@@ -305,9 +305,9 @@ pub struct SpeechConfig {
     pub partial_every: Duration,
     /// How far into a silence the draft of the whole utterance starts (not before the VAD calls
     /// it silence), before the pause (`turn_pause`, or `vad_silence` without the model) is
-    /// called: Whisper's head start on the end of the turn. If the user speaks on, that draft is only a partial transcript (a
-    /// Whisper run of otherwise idle cores); `"0s"` starts it at the pause. Shorter than the
-    /// pause.
+    /// called: Whisper's head start on the end of the turn. If the user speaks on, that draft
+    /// is only a partial transcript (a Whisper run of otherwise idle cores); `"0s"` starts it at
+    /// the pause. Shorter than the pause.
     #[serde(deserialize_with = "de_duration")]
     pub draft_ahead: Duration,
     /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.

@@ -304,9 +304,9 @@ impl Whisper {
     /// says `["fr", "en"]`, so that robotic or accented French is not heard as Thai).
     /// `hint`: token ids that likely come out (an earlier transcript of the same speech, its
     /// [`Transcript::ids`]), or none. `margin`: frames of silence after the audio in the
-    /// encoder's window ([`Whisper::window_frames`]). Each call feeds the next token with what the hint says
-    /// follows it, and keeps those the greedy choice confirms: the transcript is the one
-    /// without a hint (each token is still the model's own choice), in fewer calls.
+    /// encoder's window ([`Whisper::window_frames`]). Each call feeds the next token with what
+    /// the hint says follows it, and keeps those the greedy choice confirms: the transcript is
+    /// the one without a hint (each token is still the model's own choice), in fewer calls.
     /// `cancel` is checked between calls (cancelled before the first, the transcript is empty
     /// and its language and no-speech probability unknown: 1.0); `encoder_options` (a
     /// [`crate::Stop`]'s) can stop the encoder's run. Detection guesses the language it found

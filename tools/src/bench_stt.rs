@@ -12,8 +12,9 @@
 //! on 180 clips: 37 English sentences by the Piper voice (its sampled noise off: the same audio
 //! every run) and by espeak-ng, 16 French by espeak-ng, each clean and under seeded noise
 //! (−39 dBFS RMS), the language detected among `[speech] languages` as the daemon's partials
-//! have it (French WER ~0.85 either way: Whisper base hears espeak-ng's French poorly, so
-//! English carries the comparison). How the partials' 15 s was chosen (`kazeia_speech::whisper::PARTIAL_MARGIN`). Last line:
+//! have it (French WER 0.84-1.08 at every margin: Whisper base hears espeak-ng's French
+//! poorly, so English carries the comparison). How the partials' 15 s was chosen
+//! (`kazeia_speech::whisper::PARTIAL_MARGIN`). Last line:
 //! `stt margins <s>s: en=<wer> fr=<wer> changed=<n>/<clips> encoder_ms=<sum>; ...`.
 
 use std::io::{BufRead, BufReader, Write};
