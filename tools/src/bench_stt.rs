@@ -7,15 +7,19 @@
 //! excluded on both. Last line: `stt rtf=<x> reference_rtf=<y> ratio=<x/y>`.
 //! Before (our side warmed and first, the reference cold in a new process each rep): 0.609.
 //!
-//! `--margins 30,15,12`: word errors of our Whisper alone at each encoder window margin (the
+//! `--margins 30,15,12`: word errors of our Whisper at each encoder window margin (the
 //! silence after the audio in the window: `[speech] partial_margin` for partial transcripts),
 //! on 180 clips: 37 English sentences by the Piper voice (its sampled noise off: the same audio
 //! every run) and by espeak-ng, 16 French by espeak-ng, each clean and under seeded noise
 //! (−39 dBFS RMS), the language detected among `[speech] languages` as the daemon's partials
 //! have it (French WER 0.84-1.08 at every margin: Whisper base hears espeak-ng's French
-//! poorly, so English carries the comparison). How the partials' 15 s was chosen
-//! (`kazeia_speech::whisper::PARTIAL_MARGIN`). Last line:
-//! `stt margins <s>s: en=<wer> fr=<wer> changed=<n>/<clips> encoder_ms=<sum>; ...`.
+//! poorly, so English carries the comparison). Beside them the reference, faster-whisper on the
+//! same clips with whole windows and the language given (#12's bar: WER within +0.02 of it; our
+//! 30 s row is the like-for-like one, as our side detects the language), and each side's WER on
+//! the speech tests' own sentences alone (`tests_en`, `tests_fr`). How
+//! the partials' 15 s was chosen (`kazeia_speech::whisper::PARTIAL_MARGIN`). Last line:
+//! `stt margins reference: en=<wer> fr=<wer> tests_en=<wer> tests_fr=<wer>; <s>s: en=<wer> fr=<wer>
+//! tests_en=<wer> tests_fr=<wer> changed=<n>/<clips> encoder_ms=<sum>; ...`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -87,9 +91,9 @@ impl Reference {
         Ok(serde_json::from_str(&l)?)
     }
 
-    /// One transcription: (seconds, text), timed inside the reference's process.
-    fn transcribe(&mut self, path: &Path) -> Result<(f64, String)> {
-        writeln!(self.stdin, "{}", serde_json::json!({"file": path, "language": "en"}))?;
+    /// One transcription in `language`: (seconds, text), timed inside the reference's process.
+    fn transcribe(&mut self, path: &Path, language: &str) -> Result<(f64, String)> {
+        writeln!(self.stdin, "{}", serde_json::json!({"file": path, "language": language}))?;
         self.stdin.flush()?;
         let v = self.line()?;
         Ok((v["seconds"].as_f64().context("no seconds")?, v["text"].as_str().unwrap_or_default().to_string()))
@@ -193,21 +197,34 @@ fn margins(config: &Config, margins: &[u64], smoke: bool) -> Result<()> {
         clips.push((lang, text, a));
         clips.push((lang, text, noisy));
     }
+    // The reference (faster-whisper, whole windows) on the same clips, the language given: the
+    // bar #12 sets is WER within +0.02 of it.
+    let dir = tempfile::tempdir()?;
+    let mut reference = Reference::start(config.speech.threads)?;
+    let mut theirs = Wer::default();
+    for (i, (lang, text, clip)) in clips.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.wav"));
+        audio::write_wav(&path, clip, 16_000).map_err(e)?;
+        theirs.add(lang, text, &reference.transcribe(&path, lang)?.1);
+    }
+    drop(reference);
     let mut stt = kazeia_daemon::speech::transcriber(config).map_err(e)?;
     // The first run after a load is a whole window whatever the margin (the arena): untimed.
     stt.transcribe(&clips[0].2, None, &[], &|| false).map_err(e)?;
     let stop = kazeia_daemon::speech::Stop::new().map_err(e)?;
-    println!("{:>8} {:>8} {:>8} {:>9} {:>11}", "margin s", "en WER", "fr WER", "changed", "encoder ms");
+    println!(
+        "{:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>11}",
+        "margin s", "en WER", "fr WER", "tests en", "tests fr", "changed", "encoder ms"
+    );
+    println!("{:>9} {}", "reference", theirs.columns());
     let mut first: Vec<String> = Vec::new();
     let mut last = Vec::new();
     for &m in margins {
         stt.partial_margin = m as usize * 100;
-        let (mut errors, mut words, mut changed, mut encoder) = ([0; 2], [0; 2], 0, 0.0);
+        let (mut ours, mut changed, mut encoder) = (Wer::default(), 0, 0.0);
         for (i, (lang, text, clip)) in clips.iter().enumerate() {
             let t = stt.transcribe_partial_until(clip, None, &[], &stop).map_err(e)?;
-            let (ce, cn) = word_errors(text, &t.text);
-            let k = usize::from(*lang == "fr");
-            (errors[k], words[k]) = (errors[k] + ce, words[k] + cn);
+            ours.add(lang, text, &t.text);
             encoder += t.encoder_ms;
             match first.get(i) {
                 None => first.push(t.text),
@@ -215,17 +232,47 @@ fn margins(config: &Config, margins: &[u64], smoke: bool) -> Result<()> {
                 Some(_) => {}
             }
         }
-        let wer = |k: usize| errors[k] as f64 / words[k].max(1) as f64;
-        println!("{m:>8} {:>8.3} {:>8.3} {:>5}/{:<3} {encoder:>11.0}", wer(0), wer(1), changed, clips.len());
-        last.push(format!(
-            "{m}s: en={:.3} fr={:.3} changed={changed}/{} encoder_ms={encoder:.0}",
-            wer(0),
-            wer(1),
-            clips.len()
-        ));
+        println!("{m:>9} {} {:>5}/{:<3} {encoder:>11.0}", ours.columns(), changed, clips.len());
+        last.push(format!("{m}s: {} changed={changed}/{} encoder_ms={encoder:.0}", ours.pairs(), clips.len()));
     }
-    println!("stt margins {}", last.join("; "));
+    println!("stt margins reference: {}; {}", theirs.pairs(), last.join("; "));
     Ok(())
+}
+
+/// Word errors and words, English and French, over all clips and over the speech tests' own
+/// sentences (tests/tests/it/speech.rs: the first five of [`SENTENCES`] and of [`FRENCH`], here
+/// by both English voices, clean and noisy).
+#[derive(Default)]
+struct Wer {
+    all: [(usize, usize); 2],
+    tests: [(usize, usize); 2],
+}
+
+impl Wer {
+    fn add(&mut self, lang: &str, text: &str, heard: &str) {
+        let (e, n) = word_errors(text, heard);
+        let k = usize::from(lang == "fr");
+        let add = |c: &mut (usize, usize)| *c = (c.0 + e, c.1 + n);
+        add(&mut self.all[k]);
+        if SENTENCES[..5].contains(&text) || FRENCH[..5].contains(&text) {
+            add(&mut self.tests[k]);
+        }
+    }
+
+    fn rates(&self) -> [f64; 4] {
+        let r = |c: (usize, usize)| c.0 as f64 / c.1.max(1) as f64;
+        [r(self.all[0]), r(self.all[1]), r(self.tests[0]), r(self.tests[1])]
+    }
+
+    fn columns(&self) -> String {
+        let [en, fr, ten, tfr] = self.rates();
+        format!("{en:>7.3} {fr:>7.3} {ten:>9.3} {tfr:>9.3}")
+    }
+
+    fn pairs(&self) -> String {
+        let [en, fr, ten, tfr] = self.rates();
+        format!("en={en:.3} fr={fr:.3} tests_en={ten:.3} tests_fr={tfr:.3}")
+    }
 }
 
 fn main() -> Result<()> {
@@ -275,13 +322,13 @@ fn main() -> Result<()> {
         };
         // Both warmed alike: one untimed run of this clip each.
         ours_once()?;
-        reference.transcribe(path)?;
+        reference.transcribe(path, "en")?;
         for rep in 0..args.reps {
             let (o, r) = if rep % 2 == 0 {
                 let o = ours_once()?;
-                (o, reference.transcribe(path)?)
+                (o, reference.transcribe(path, "en")?)
             } else {
-                let r = reference.transcribe(path)?;
+                let r = reference.transcribe(path, "en")?;
                 (ours_once()?, r)
             };
             (ours_text, ref_text) = (o.1, r.1);
