@@ -310,6 +310,13 @@ pub struct SpeechConfig {
     /// the pause. Shorter than the pause.
     #[serde(deserialize_with = "de_duration")]
     pub draft_ahead: Duration,
+    /// With `[daemon] preload`: load the speech models when the daemon starts, after the
+    /// language models, and run each once, instead of at the first audio turn. That first turn
+    /// after a start otherwise waited 6.6 s from the end of its question to the first sound
+    /// (1.5 s warm): the loads (a Piper voice ~1.5 s) and ONNX Runtime's first runs (Whisper's
+    /// encoder sizes its arena on its first whole window). Off by default (a daemon serving
+    /// text only keeps ~0.4 GB free); the shipped models.toml turns it on.
+    pub preload: bool,
     /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.
     pub voices: std::collections::BTreeMap<String, String>,
     /// Language of replies whose language cannot be told (`en`, `fr`).
@@ -343,6 +350,7 @@ impl Default for SpeechConfig {
             // (224 ms; English 4, French 51), at 96-160 ms 2 more in English.
             draft_ahead: Duration::from_millis(64),
             no_speech_threshold: 0.6,
+            preload: false,
             // No French neural voice ships in the registries: espeak-ng speaks French.
             voices: [
                 ("en".to_string(), "piper/en_US-joe-medium.onnx".to_string()),

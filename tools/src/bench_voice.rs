@@ -275,8 +275,23 @@ async fn main() -> Result<()> {
     println!("ours: kazeia serve --config {} (pipeline voice: end-of-turn model, both guards)", args.config.display());
     println!("reference: tools/reference-voice (Silero VAD 0.8 s, faster-whisper, no guard, piper-tts / espeak-ng); {command}");
 
-    // Warm-up: the first turn loads the speech models and the voice on both sides.
-    ours(&client, &warm).await.context("our warm-up turn")?;
+    // Warm-up: our first turn after start, as a user waits after the service was restarted
+    // (Android stops idle ones). Reported, not in the medians; the reference warms all its
+    // parts before it says it is ready, so it has no such figure.
+    let cold = ours(&client, &warm).await.context("our warm-up turn")?;
+    let cold_metrics = cold.as_ref().and_then(|h| h.metrics.clone());
+    let stage = |f: &dyn Fn(&Metrics) -> Option<f64>| {
+        cold_metrics.as_ref().and_then(f).map_or("-".into(), |v| format!("{v:.0}"))
+    };
+    println!(
+        "ours, first turn after start: {} ms (end of turn {}, STT {}, input guard {}, first sentence {}, TTS {})",
+        cold.as_ref().map_or("blocked".into(), |h| format!("{:.0}", h.wait_ms)),
+        stage(&|m| m.end_of_turn_ms),
+        stage(&|m| m.stt_ms),
+        stage(&|m| m.guard_in_ms),
+        stage(&|m| m.ttfs_ms),
+        stage(&|m| m.tts_first_ms),
+    );
     reference.turn(&warm).context("the reference's warm-up turn")?;
 
     let (mut our_waits, mut their_waits, mut blocked) = (Vec::new(), Vec::new(), 0);

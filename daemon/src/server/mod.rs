@@ -45,14 +45,30 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
     }
 
     if preload {
+        let mut loads = JoinSet::new();
         for m in sup.config.models.clone() {
             let sup = sup.clone();
-            tokio::spawn(async move {
+            loads.spawn(async move {
                 if let Err(e) = sup.ensure_loaded(&m.role, |_| {}).await {
                     tracing::error!(role = %m.role, "preload failed: {}", e.message);
                 }
             });
         }
+        let sup = sup.clone();
+        tokio::spawn(async move {
+            // The speech models after the language models: they never evict one, and the
+            // language models' loads go first on the cores.
+            while loads.join_next().await.is_some() {}
+            if !sup.config.speech.preload || sup.stopping.is_cancelled() {
+                return;
+            }
+            let speech = sup.clone();
+            match tokio::task::spawn_blocking(move || speech.preload_speech()).await {
+                Ok(Ok(took)) => tracing::info!(ms = took.as_millis() as u64, "speech models preloaded and warmed"),
+                Ok(Err(e)) => tracing::error!("speech preload failed: {e}"),
+                Err(e) => tracing::error!("speech preload stopped: {e}"),
+            }
+        });
     }
 
     if sup.config.dbus.enabled {

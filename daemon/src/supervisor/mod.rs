@@ -68,7 +68,7 @@ pub struct Supervisor {
     pub changes: broadcast::Sender<()>,
     /// Cancelled when the daemon begins to shut down: no new work is taken.
     pub stopping: CancellationToken,
-    /// The speech models, loaded by the first audio turn.
+    /// The speech models, loaded by the first audio turn (or at start: `[speech] preload`).
     speech: Mutex<Option<Arc<SpeechStack>>>,
     /// Held across a speech load or unload (never `speech` itself: status reads that).
     speech_loading: Mutex<()>,

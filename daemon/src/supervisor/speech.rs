@@ -1,7 +1,8 @@
-//! The speech models, loaded by the first audio turn (or `load stt`) and kept until `unload`,
-//! entered in the ledger as `speech`. `status` lists them as roles `stt`, `vad`, `turn` (the
-//! end-of-turn model, when configured; one stack: they load and unload together) and
-//! `tts-<lang>` (a voice each); `load`/`unload` take those names.
+//! The speech models, loaded by the first audio turn (or `load stt`, or at start with
+//! `[speech] preload`) and kept until `unload`, entered in the ledger as `speech`. `status`
+//! lists them as roles `stt`, `vad`, `turn` (the end-of-turn model, when configured; one stack:
+//! they load and unload together) and `tts-<lang>` (a voice each); `load`/`unload` take those
+//! names.
 
 use std::sync::{Arc, Mutex};
 
@@ -76,6 +77,32 @@ impl SpeechStack {
             stack.voice(sup, &lang)?;
         }
         Ok(stack)
+    }
+
+    /// Run each model once on a second of silence (the voices on a word), results dropped:
+    /// ONNX Runtime's first run of a session allocates what later runs reuse, and Whisper runs
+    /// its whole window first whatever the audio (`Whisper::window_frames`). Measured on the
+    /// first voice turn after a start: see `[speech] preload`.
+    pub fn warm(&self, sup: &Supervisor) -> Result<(), SpeechError> {
+        let quiet = vec![0f32; 16_000];
+        let sp = &sup.config.speech;
+        // A language given, not detected: detection's guess for the next turn stays unset.
+        let language = match sp.language.as_str() {
+            "auto" => sp.languages.first().map_or("en", String::as_str),
+            l => l,
+        };
+        {
+            let mut stt = self.stt.lock().expect("stt");
+            stt.vad.segments(&quiet)?;
+            stt.transcribe(&quiet, Some(language), &[], &|| false)?;
+        }
+        if let Some(turn) = &self.turn {
+            turn.lock().expect("turn").probability(&quiet)?;
+        }
+        for lang in preloaded_voices(sp) {
+            self.say(sup, &lang, "OK.")?;
+        }
+        Ok(())
     }
 
     /// Synthesise with the voice of `language` (loaded on first use).
@@ -189,6 +216,15 @@ impl Supervisor {
         *self.speech.lock().expect("speech") = Some(stack.clone());
         let _ = self.changes.send(());
         Ok(stack)
+    }
+
+    /// `[speech] preload`: the speech models loaded and warmed ([`SpeechStack::warm`]) before
+    /// any audio turn asks for them; how long it took. A turn arriving meanwhile waits for the
+    /// same load (one at a time), then for the transcriber behind the warm-up.
+    pub fn preload_speech(&self) -> Result<std::time::Duration, SpeechError> {
+        let start = std::time::Instant::now();
+        self.speech()?.warm(self)?;
+        Ok(start.elapsed())
     }
 
     /// Claim the speech models for an audio turn (see [`SpeechUse`]).

@@ -300,6 +300,39 @@ async fn status_answers_while_speech_loads_and_transcribes() {
     assert!(times[times.len() / 2] < Duration::from_millis(100), "{times:?}");
 }
 
+/// `[speech] preload`: the speech models load and run once when the daemon starts, after the
+/// language models, so no audio turn pays for them: before any audio turn, `status` shows
+/// `stt`, `vad`, `turn` and the reply voice loaded and the ledger holds `speech`; the first
+/// turn is then heard. (Without it, a first voice turn after a start waited 6.6 s against
+/// 1.5 s warm in `tools/bench-voice`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn preloaded_speech_is_loaded_and_warm_before_the_first_audio_turn() {
+    let d = Daemon::start(&format!("{}preload = true\n", config_text()));
+    d.wait_log("speech models preloaded and warmed");
+    let c = d.client().await;
+    let st = c.status().await.unwrap();
+    for role in ["thinker", "guard", "stt", "vad", "turn", "tts-en"] {
+        let m = st.models.iter().find(|m| m.role == role).unwrap_or_else(|| panic!("no {role} in {st:?}"));
+        assert_eq!(m.state, kazeia_ipc::ModelState::Loaded, "{role}: {m:?}");
+    }
+    let stt = st.models.iter().find(|m| m.role == "stt").unwrap();
+    assert!(stt.reserved_bytes.unwrap_or(0) > 0, "speech is not in the ledger: {stt:?}");
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &spoken(REPORT), true).await;
+    let mut transcript = None;
+    while let Some(Incoming::Event(e)) = rx.recv().await {
+        match e {
+            Event::Transcript { text, is_final: true, .. } => transcript = Some(text),
+            Event::Done { .. } => break,
+            Event::Transcript { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let text = transcript.expect("a transcript");
+    assert!(wer(REPORT, &text) <= 0.25, "{text:?}");
+    assert!(!d.log().contains("speech preload"), "{}", d.log());
+}
+
 /// Audio that arrives more than the ring holds (20 s) ahead of the speech thread: here 30 s
 /// sent at once while the first audio turn still loads the speech models (the ring keeps the
 /// first 20 s and drops what does not fit). One `busy` with
