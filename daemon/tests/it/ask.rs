@@ -15,11 +15,13 @@ fn repo() -> &'static std::path::Path {
     std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-/// The repo's models.toml as a user has it, with English speech (a fixed language keeps the
-/// transcripts comparable) and both roles loaded at start.
+/// The repo's models.toml as a user has it (its speech preloaded), with English speech (a fixed
+/// language keeps the transcripts comparable) and both roles loaded at start.
 fn daemon() -> Daemon {
     let models = std::fs::read_to_string(repo().join("models.toml")).unwrap();
-    Daemon::start(&format!("[daemon]\npreload = true\n\n[speech]\nlanguage = \"en\"\n\n{models}"))
+    assert!(models.contains("\n[speech]\n"), "models.toml has no [speech] table");
+    let models = models.replacen("\n[speech]\n", "\n[speech]\nlanguage = \"en\"\n", 1);
+    Daemon::start(&format!("[daemon]\npreload = true\n\n{models}"))
 }
 
 /// `kazeia ARGS` against the daemon `d`, with `stdin` fed: (exit code, stdout, stderr).
