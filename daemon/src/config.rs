@@ -315,7 +315,7 @@ pub struct SpeechConfig {
     /// after a start otherwise waited 6.6 s from the end of its question to the first sound
     /// (1.5 s warm): the loads (a Piper voice ~1.5 s) and ONNX Runtime's first runs (Whisper's
     /// encoder sizes its arena on its first whole window). Off by default (a daemon serving
-    /// text only keeps ~0.4 GB free); the shipped models.toml turns it on.
+    /// text only keeps ~0.4 GB free); the shipped models.toml and models.target.toml turn it on.
     pub preload: bool,
     /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.
     pub voices: std::collections::BTreeMap<String, String>,
@@ -760,7 +760,10 @@ mod tests {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(f);
             let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
             assert!(c.model("thinker").is_ok() && c.model("guard").is_ok());
+            // The shipped sets load and warm speech at start; a bare config does not.
+            assert!(c.daemon.preload && c.speech.preload, "{f}");
         }
+        assert!(!parse("").unwrap().speech.preload);
     }
 
     /// The starter rules of models.toml block the clearest harms in English and French before

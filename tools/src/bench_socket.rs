@@ -162,6 +162,8 @@ async fn main() -> Result<()> {
     let _daemon = Kill(
         Command::new(&args.kazeia)
             .args(["serve", "--config", &bench_config.display().to_string(), "--socket", &socket.display().to_string()])
+            // The server's info lines: the speech preload says when it is done.
+            .env("RUST_LOG", "warn,kazeia_daemon::server=info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
             .spawn()
@@ -215,6 +217,8 @@ async fn main() -> Result<()> {
                 .await
                 .map(|s| s.models.iter().any(|x| x.role == args.role && x.state == kazeia_ipc::ModelState::Loaded))
                 .unwrap_or(false)
+                // Not timed against the speech models' loads (`[speech] preload`) on the same cores.
+                && kazeia_tools::speech_preload_done(&config, &dir.path().join("kazeia.log"))
             {
                 break c;
             }

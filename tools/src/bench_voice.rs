@@ -250,6 +250,8 @@ async fn main() -> Result<()> {
     let _daemon = Kill(
         Command::new(&args.kazeia)
             .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
+            // The server's info lines: the speech preload says when it is done.
+            .env("RUST_LOG", "warn,kazeia_daemon::server=info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
             .spawn()
@@ -276,8 +278,21 @@ async fn main() -> Result<()> {
     println!("reference: tools/reference-voice (Silero VAD 0.8 s, faster-whisper, no guard, piper-tts / espeak-ng); {command}");
 
     // Warm-up: our first turn after start, as a user waits after the service was restarted
-    // (Android stops idle ones). Reported, not in the medians; the reference warms all its
-    // parts before it says it is ready, so it has no such figure.
+    // (Android stops idle ones), once the daemon's preloads are done (as the reference warms all
+    // its parts before it says it is ready). Reported, not in the medians.
+    let log = dir.path().join("kazeia.log");
+    while !kazeia_tools::speech_preload_done(&config, &log) {
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("the speech preload did not end in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some(ms) = kazeia_tools::speech_preload_ms(&log) {
+        println!(
+            "ours: speech models preloaded and warmed in {ms} ms after the language models, {:.1} s after start",
+            t.elapsed().as_secs_f64()
+        );
+    }
     let cold = ours(&client, &warm).await.context("our warm-up turn")?;
     let cold_metrics = cold.as_ref().and_then(|h| h.metrics.clone());
     let stage = |f: &dyn Fn(&Metrics) -> Option<f64>| {

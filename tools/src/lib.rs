@@ -24,3 +24,22 @@ impl Drop for Kill {
         let _ = self.0.wait();
     }
 }
+
+/// Whether a daemon started on `config` is done with its `[speech] preload` (loaded and warmed,
+/// or failed), from its log at `log`: a bench waits for it so that it does not time a turn
+/// against the speech models' loads on the same cores. True at once when the config does not
+/// preload speech.
+pub fn speech_preload_done(config: &kazeia_daemon::config::Config, log: &std::path::Path) -> bool {
+    if !(config.daemon.preload && config.speech.preload) {
+        return true;
+    }
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.contains("speech models preloaded and warmed") || text.contains("speech preload")
+}
+
+/// The `ms=` of the daemon's "speech models preloaded and warmed" log line, if it is there.
+pub fn speech_preload_ms(log: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text.lines().find(|l| l.contains("speech models preloaded and warmed"))?;
+    line.split_whitespace().find_map(|w| w.strip_prefix("ms=")).and_then(|v| v.parse().ok())
+}

@@ -44,6 +44,9 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
         }
     }
 
+    if !preload && sup.config.speech.preload {
+        tracing::warn!("[speech] preload = true does nothing with [daemon] preload = false");
+    }
     if preload {
         let mut loads = JoinSet::new();
         for m in sup.config.models.clone() {
@@ -63,8 +66,13 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
                 return;
             }
             let speech = sup.clone();
+            let start = Instant::now();
             match tokio::task::spawn_blocking(move || speech.preload_speech()).await {
-                Ok(Ok(took)) => tracing::info!(ms = took.as_millis() as u64, "speech models preloaded and warmed"),
+                Ok(Ok(warmed)) => tracing::info!(
+                    ms = start.elapsed().as_millis() as u64,
+                    warmed = %warmed.join(", "),
+                    "speech models preloaded and warmed"
+                ),
                 Ok(Err(e)) => tracing::error!("speech preload failed: {e}"),
                 Err(e) => tracing::error!("speech preload stopped: {e}"),
             }

@@ -104,7 +104,8 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     let status = probe.status().await.map_err(|e| anyhow!("status: {e}"))?;
     let pid = status.pid;
     let budget = status.budget_bytes;
-    // Language-model roles only: the speech models load with audio turns, not by request.
+    // Language-model roles only: the speech models load with audio turns (or at start with
+    // `[speech] preload`), not by the soak's load requests.
     let roles: Vec<String> =
         status.models.iter().filter(|m| m.architecture.as_deref() != Some("onnx")).map(|m| m.role.clone()).collect();
     drop(probe);

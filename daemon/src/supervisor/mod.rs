@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 pub use load::Unload;
-pub use speech::SpeechStack;
+pub use speech::{SpeechRole, SpeechStack};
 use turn::TurnEntry;
 pub use turn::{Lease, Turn, TurnRequest, Who};
 

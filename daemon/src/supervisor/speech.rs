@@ -79,11 +79,14 @@ impl SpeechStack {
         Ok(stack)
     }
 
-    /// Run each model once on a second of silence (the voices on a word), results dropped:
-    /// ONNX Runtime's first run of a session allocates what later runs reuse, and Whisper runs
-    /// its whole window first whatever the audio (`Whisper::window_frames`). Measured on the
-    /// first voice turn after a start: see `[speech] preload`.
-    pub fn warm(&self, sup: &Supervisor) -> Result<(), SpeechError> {
+    /// Run each model once on a second of silence (the voices loaded with the stack on a word),
+    /// results dropped: ONNX Runtime's first run of a session allocates what later runs reuse,
+    /// and Whisper runs its whole window first whatever the audio (`Whisper::window_frames`).
+    /// Measured on the first voice turn after a start: see `[speech] preload`. Each model on its
+    /// own: one that fails is named in the log and the others still run. `stop`: the daemon is
+    /// stopping (checked between models and between Whisper's decoder calls). What ran, for the
+    /// log.
+    pub fn warm(&self, sup: &Supervisor, stop: &dyn Fn() -> bool) -> Vec<String> {
         let quiet = vec![0f32; 16_000];
         let sp = &sup.config.speech;
         // A language given, not detected: detection's guess for the next turn stays unset.
@@ -91,18 +94,33 @@ impl SpeechStack {
             "auto" => sp.languages.first().map_or("en", String::as_str),
             l => l,
         };
-        {
+        let mut ran = Vec::new();
+        let mut each = |name: String, run: &mut dyn FnMut() -> Result<(), SpeechError>| {
+            if stop() {
+                return;
+            }
+            let t = std::time::Instant::now();
+            match run() {
+                Ok(()) => ran.push(format!("{name} {} ms", t.elapsed().as_millis())),
+                Err(_) if stop() => {}
+                Err(e) => tracing::warn!(model = %name, "speech warm-up failed: {e}"),
+            }
+        };
+        each("stt".into(), &mut || {
             let mut stt = self.stt.lock().expect("stt");
             stt.vad.segments(&quiet)?;
-            stt.transcribe(&quiet, Some(language), &[], &|| false)?;
-        }
+            stt.transcribe(&quiet, Some(language), &[], stop).map(|_| ())
+        });
         if let Some(turn) = &self.turn {
-            turn.lock().expect("turn").probability(&quiet)?;
+            each("turn".into(), &mut || turn.lock().expect("turn").probability(&quiet).map(|_| ()));
         }
-        for lang in preloaded_voices(sp) {
-            self.say(sup, &lang, "OK.")?;
+        // Only the voices loaded now: one unloaded meanwhile (`unload tts-<lang>`) stays so.
+        let voices: Vec<(String, SharedVoice)> =
+            self.voices.lock().expect("voices").iter().map(|(l, v)| (l.clone(), v.clone())).collect();
+        for (lang, voice) in voices {
+            each(format!("tts-{lang}"), &mut || voice.lock().expect("voice").synthesize("OK.").map(|_| ()));
         }
-        Ok(())
+        ran
     }
 
     /// Synthesise with the voice of `language` (loaded on first use).
@@ -219,12 +237,14 @@ impl Supervisor {
     }
 
     /// `[speech] preload`: the speech models loaded and warmed ([`SpeechStack::warm`]) before
-    /// any audio turn asks for them; how long it took. A turn arriving meanwhile waits for the
-    /// same load (one at a time), then for the transcriber behind the warm-up.
-    pub fn preload_speech(&self) -> Result<std::time::Duration, SpeechError> {
-        let start = std::time::Instant::now();
-        self.speech()?.warm(self)?;
-        Ok(start.elapsed())
+    /// any audio turn asks for them; what was warmed. A turn arriving meanwhile waits for the
+    /// same load (one at a time), then for the transcriber behind the warm-up. The warm-up
+    /// holds a claim on the stack as an audio turn does: `unload stt` meanwhile is `busy`, not
+    /// a second copy loaded by the next turn while the first is still running.
+    pub fn preload_speech(self: &Arc<Self>) -> Result<Vec<String>, SpeechError> {
+        let _use = self.speech_use();
+        let stack = self.speech()?;
+        Ok(stack.warm(self, &|| self.stopping.is_cancelled()))
     }
 
     /// Claim the speech models for an audio turn (see [`SpeechUse`]).
@@ -279,7 +299,7 @@ impl Supervisor {
                     return Ok(gone);
                 }
                 (SpeechRole::Stack, Some(_)) if self.speech_users.load(std::sync::atomic::Ordering::SeqCst) > 0 => {
-                    return Err("the speech models are in use by an audio turn".into())
+                    return Err("the speech models are in use by an audio turn (or their warm-up at start)".into())
                 }
                 (SpeechRole::Stack, Some(_)) => slot.take(),
             }
@@ -299,6 +319,11 @@ impl Supervisor {
         let loading = loaded.is_none() && self.speech_loading.try_lock().is_err();
         let entry = ledger.get("speech");
         let sp = &self.config.speech;
+        let unloaded = if sp.preload && self.config.daemon.preload {
+            "loaded at start ([speech] preload) or by the first audio turn"
+        } else {
+            "loaded by the first audio turn"
+        };
         let row =
             |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
                 role: role.into(),
@@ -311,7 +336,7 @@ impl Supervisor {
                 architecture: Some("onnx".into()),
                 file_bytes: None,
                 device,
-                placement: placement.or_else(|| Some("loaded by the first audio turn".into())),
+                placement: placement.or_else(|| Some(unloaded.into())),
                 shares_model_with: vec![],
                 busy: 0,
                 turns: 0,

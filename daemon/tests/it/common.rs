@@ -38,6 +38,11 @@ fn dirs_cache() -> PathBuf {
 /// measure latencies.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The turn of a test that runs models in its own process, not in a daemon (see [`SERIAL`]).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub struct Daemon {
     _serial: Option<std::sync::MutexGuard<'static, ()>>,
     pub child: Child,

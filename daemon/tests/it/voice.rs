@@ -308,7 +308,7 @@ async fn status_answers_while_speech_loads_and_transcribes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn preloaded_speech_is_loaded_and_warm_before_the_first_audio_turn() {
     let d = Daemon::start(&format!("{}preload = true\n", config_text()));
-    d.wait_log("speech models preloaded and warmed");
+    tokio::task::block_in_place(|| d.wait_log("speech models preloaded and warmed"));
     let c = d.client().await;
     let st = c.status().await.unwrap();
     for role in ["thinker", "guard", "stt", "vad", "turn", "tts-en"] {
@@ -331,6 +331,27 @@ async fn preloaded_speech_is_loaded_and_warm_before_the_first_audio_turn() {
     let text = transcript.expect("a transcript");
     assert!(wer(REPORT, &text) <= 0.25, "{text:?}");
     assert!(!d.log().contains("speech preload"), "{}", d.log());
+}
+
+/// The warm-up of `[speech] preload` (`SpeechStack::warm`) runs each model once: Whisper (so
+/// its whole window has run and a partial's window is cut from the first turn on; before it,
+/// any first transcription ran the whole window), the end-of-turn model and the voice loaded
+/// with the stack (English only here: `language = "en"`); its claim on the stack ends with it.
+#[test]
+fn the_speech_warm_up_runs_each_model_once() {
+    let _one = common::serial();
+    let sup = kazeia_daemon::supervisor::Supervisor::new(local_config(), kazeia_pipelines::Registry::builtin());
+    let stack = sup.speech().unwrap();
+    let cut = |stack: &kazeia_daemon::supervisor::SpeechStack| {
+        let stt = stack.stt.lock().unwrap();
+        stt.whisper.window_frames(16_000, stt.partial_margin) < 3_000
+    };
+    assert!(!cut(&stack), "a window was cut before Whisper ran at all");
+    let warmed = sup.preload_speech().unwrap();
+    let names: Vec<&str> = warmed.iter().map(|w| w.split(' ').next().unwrap()).collect();
+    assert_eq!(names, ["stt", "turn", "tts-en"], "{warmed:?}");
+    assert!(cut(&stack), "Whisper did not run its whole window: {warmed:?}");
+    assert_eq!(sup.unload_speech(&kazeia_daemon::supervisor::SpeechRole::Stack), Ok(true));
 }
 
 /// Audio that arrives more than the ring holds (20 s) ahead of the speech thread: here 30 s
