@@ -251,7 +251,7 @@ async fn main() -> Result<()> {
         Command::new(&args.kazeia)
             .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
             // The server's info lines: the speech preload says when it is done.
-            .env("RUST_LOG", "warn,kazeia_daemon::server=info")
+            .env("RUST_LOG", kazeia_tools::daemon_log_filter())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
             .spawn()

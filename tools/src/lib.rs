@@ -43,3 +43,10 @@ pub fn speech_preload_ms(log: &std::path::Path) -> Option<u64> {
     let line = text.lines().find(|l| l.contains("speech models preloaded and warmed"))?;
     line.split_whitespace().find_map(|w| w.strip_prefix("ms=")).and_then(|v| v.parse().ok())
 }
+
+/// RUST_LOG for a daemon a bench starts: the caller's, or warnings only, and in either case the
+/// server's info lines ([`speech_preload_done`] reads one).
+pub fn daemon_log_filter() -> String {
+    let base = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "warn".into());
+    format!("{base},kazeia_daemon::server=info")
+}
