@@ -124,7 +124,7 @@ async fn keep_alive_unloads_idle_models() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn low_pressure_sheds_idle_lower_priority_models_and_sessions() {
+async fn low_pressure_sheds_idle_lower_priority_models_speech_and_sessions() {
     let _one = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("copy.gguf");
@@ -141,4 +141,16 @@ async fn low_pressure_sheds_idle_lower_priority_models_and_sessions() {
     assert_eq!(sup.pressure_tick().await, kazeia_memory_budget::pressure::Level::Low);
     assert_eq!((state(&sup, "top"), state(&sup, "minor")), (ModelState::Loaded, ModelState::Unloaded));
     assert_eq!(sup.status().pressure, "low");
+
+    // The speech models too (below the top role), but not while an audio turn holds them.
+    let sup2 = sup.clone();
+    tokio::task::spawn_blocking(move || sup2.speech().map(drop)).await.unwrap().unwrap();
+    let speech = |sup: &Supervisor| state(sup, "stt");
+    let held = sup.speech_use();
+    sup.pressure_tick().await;
+    assert_eq!(speech(&sup), ModelState::Loaded, "shed while an audio turn held it");
+    drop(held);
+    sup.pressure_tick().await;
+    assert_eq!(speech(&sup), ModelState::Unloaded);
+    assert!(sup.status().models.iter().all(|m| m.role != "stt" || m.reserved_bytes.is_none()));
 }

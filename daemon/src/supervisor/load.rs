@@ -174,8 +174,10 @@ impl Supervisor {
             for r in &idle_low {
                 self.unload(r).await;
             }
-            if shed > 0 || !idle_low.is_empty() {
-                tracing::warn!(sessions = shed, models = ?idle_low, "shed under memory pressure");
+            // The speech models (ledger priority 95) are below the top role too.
+            let speech = self.shed_speech();
+            if shed > 0 || !idle_low.is_empty() || speech {
+                tracing::warn!(sessions = shed, models = ?idle_low, speech, "shed under memory pressure");
             }
         }
         level

@@ -312,6 +312,30 @@ impl Supervisor {
         Ok(true)
     }
 
+    /// Under memory pressure: unload the speech models if no audio turn (nor the preload's
+    /// warm-up) holds them and no load is under way (never waits for one: called each second
+    /// from the async keeper). Loaded at start by `[speech] preload` for a user who may only
+    /// type, they would otherwise stay while the guard is shed. The next audio turn loads them
+    /// again. Whether they were unloaded.
+    pub(super) fn shed_speech(&self) -> bool {
+        let Ok(_loading) = self.speech_loading.try_lock() else { return false };
+        let taken = {
+            // Claims are counted before a turn takes the stack from this slot: read under its
+            // lock, none means no turn holds the stack or will take this one.
+            let mut slot = self.speech.lock().expect("speech");
+            if self.speech_users.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                return false;
+            }
+            slot.take()
+        };
+        let Some(taken) = taken else { return false };
+        drop(taken);
+        super::heap::trim();
+        self.ledger.lock().expect("ledger").remove("speech");
+        let _ = self.changes.send(());
+        true
+    }
+
     /// Status rows of the speech models (`stt`, `vad`, `turn`, `tts`): where they run and why.
     pub(super) fn speech_status(&self, ledger: &kazeia_memory_budget::Ledger) -> Vec<ModelStatus> {
         let loaded = self.speech.lock().expect("speech").clone();
