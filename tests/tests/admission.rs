@@ -142,15 +142,19 @@ async fn low_pressure_sheds_idle_lower_priority_models_speech_and_sessions() {
     assert_eq!((state(&sup, "top"), state(&sup, "minor")), (ModelState::Loaded, ModelState::Unloaded));
     assert_eq!(sup.status().pressure, "low");
 
-    // The speech models too (below the top role), but not while an audio turn holds them.
+    // The speech models too (below the top role), but not while an audio turn holds them, nor
+    // within a minute of the last one.
     let sup2 = sup.clone();
     tokio::task::spawn_blocking(move || sup2.speech().map(drop)).await.unwrap().unwrap();
     let speech = |sup: &Supervisor| state(sup, "stt");
+    let later = || std::time::Instant::now() + kazeia_daemon::supervisor::SPEECH_IDLE_BEFORE_SHED;
     let held = sup.speech_use();
-    sup.pressure_tick().await;
+    sup.pressure_tick_at(later()).await;
     assert_eq!(speech(&sup), ModelState::Loaded, "shed while an audio turn held it");
     drop(held);
     sup.pressure_tick().await;
+    assert_eq!(speech(&sup), ModelState::Loaded, "shed right after an audio turn");
+    sup.pressure_tick_at(later()).await;
     assert_eq!(speech(&sup), ModelState::Unloaded);
     assert!(sup.status().models.iter().all(|m| m.role != "stt" || m.reserved_bytes.is_none()));
 }

@@ -283,10 +283,14 @@ async fn main() -> Result<()> {
     let log = dir.path().join("kazeia.log");
     while !kazeia_tools::speech_preload_done(&config, &log) {
         if t.elapsed() > Duration::from_secs(120) {
-            bail!("the speech preload did not end in 120 s");
+            bail!("the speech preload did not end in 120 s; the daemon's log:\n{}", std::fs::read_to_string(&log)?);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let stt_loaded = |st: &kazeia_ipc::StatusReport| {
+        st.models.iter().any(|m| m.role == "stt" && m.state == kazeia_ipc::ModelState::Loaded)
+    };
+    let preloaded = config.daemon.preload && config.speech.preload && stt_loaded(&client.status().await?);
     if let Some(ms) = kazeia_tools::speech_preload_ms(&log) {
         println!(
             "ours: speech models preloaded and warmed in {ms} ms after the language models, {:.1} s after start",
@@ -294,12 +298,14 @@ async fn main() -> Result<()> {
         );
     }
     let cold = ours(&client, &warm).await.context("our warm-up turn")?;
+    let preloaded =
+        if preloaded { "once the speech models were preloaded" } else { "the speech models loading with it" };
     let cold_metrics = cold.as_ref().and_then(|h| h.metrics.clone());
     let stage = |f: &dyn Fn(&Metrics) -> Option<f64>| {
         cold_metrics.as_ref().and_then(f).map_or("-".into(), |v| format!("{v:.0}"))
     };
     println!(
-        "ours, first turn after start: {} ms (end of turn {}, STT {}, input guard {}, first sentence {}, TTS {})",
+        "ours, first turn after start ({preloaded}): {} ms (end of turn {}, STT {}, input guard {}, first sentence {}, TTS {})",
         cold.as_ref().map_or("blocked".into(), |h| format!("{:.0}", h.wait_ms)),
         stage(&|m| m.end_of_turn_ms),
         stage(&|m| m.stt_ms),

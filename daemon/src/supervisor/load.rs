@@ -4,6 +4,7 @@
 use kazeia_ipc::{ErrorCode, ModelState};
 use kazeia_memory_budget::pressure::{self, Level, Watermarks};
 use kazeia_pipelines::LlmError;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::Supervisor;
@@ -144,10 +145,17 @@ impl Supervisor {
         }
     }
 
-    /// Sample memory pressure and act on it: under low pressure shed idle sessions and idle
-    /// models below the highest priority; under critical pressure also refuse new turns (see
-    /// [`Supervisor::pressure`]). Subscribers hear of every change of level.
-    pub async fn pressure_tick(&self) -> Level {
+    /// Sample memory pressure and act on it: under low pressure shed idle sessions, idle models
+    /// below the highest priority and the speech models idle a minute; under critical pressure
+    /// also refuse new turns (see [`Supervisor::pressure`]). Subscribers hear of every change
+    /// of level.
+    pub async fn pressure_tick(self: &Arc<Self>) -> Level {
+        self.pressure_tick_at(Instant::now()).await
+    }
+
+    /// [`Supervisor::pressure_tick`] as if the clock read `now` for the speech models' idle
+    /// time (tests give a later instant rather than sleeping a minute).
+    pub async fn pressure_tick_at(self: &Arc<Self>, now: Instant) -> Level {
         let Ok(sample) = pressure::sample() else { return self.pressure() };
         let b = &self.config.budget;
         let marks = Watermarks {
@@ -175,7 +183,8 @@ impl Supervisor {
                 self.unload(r).await;
             }
             // The speech models (ledger priority 95) are below the top role too.
-            let speech = self.shed_speech();
+            let sup = self.clone();
+            let speech = tokio::task::spawn_blocking(move || sup.shed_speech(now)).await.unwrap_or(false);
             if shed > 0 || !idle_low.is_empty() || speech {
                 tracing::warn!(sessions = shed, models = ?idle_low, speech, "shed under memory pressure");
             }

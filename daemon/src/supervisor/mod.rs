@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 pub use load::Unload;
-pub use speech::{SpeechRole, SpeechStack};
+pub use speech::{SpeechRole, SpeechStack, SPEECH_IDLE_BEFORE_SHED};
 use turn::TurnEntry;
 pub use turn::{Lease, Turn, TurnRequest, Who};
 
@@ -74,6 +74,9 @@ pub struct Supervisor {
     speech_loading: Mutex<()>,
     /// Audio turns running (each holds a [`speech::SpeechUse`]): `unload stt` waits for none.
     speech_users: std::sync::atomic::AtomicUsize,
+    /// When the last claim on the speech models ended (or the daemon started): memory pressure
+    /// sheds them only after [`speech::SPEECH_IDLE_BEFORE_SHED`] of no use.
+    speech_released: Mutex<Instant>,
 }
 
 /// Without exclusive compute each role decodes on its own thread with its own OpenMP team; if
@@ -127,6 +130,7 @@ impl Supervisor {
             speech: Mutex::new(None),
             speech_loading: Mutex::new(()),
             speech_users: std::sync::atomic::AtomicUsize::new(0),
+            speech_released: Mutex::new(Instant::now()),
         })
     }
 

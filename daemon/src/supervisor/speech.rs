@@ -1,5 +1,6 @@
 //! The speech models, loaded by the first audio turn (or `load stt`, or at start with
-//! `[speech] preload`) and kept until `unload`, entered in the ledger as `speech`. `status`
+//! `[speech] preload`) and kept until `unload` or memory pressure (idle a minute), entered in
+//! the ledger as `speech`. `status`
 //! lists them as roles `stt`, `vad`, `turn` (the end-of-turn model, when configured; one stack:
 //! they load and unload together) and `tts-<lang>` (a voice each); `load`/`unload` take those
 //! names.
@@ -36,9 +37,15 @@ pub struct SpeechUse(Arc<Supervisor>);
 
 impl Drop for SpeechUse {
     fn drop(&mut self) {
+        *self.0.speech_released.lock().expect("speech released") = std::time::Instant::now();
         self.0.speech_users.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// Memory pressure sheds the speech models only after this long without an audio turn (as it
+/// sheds sessions idle for a minute): shed within a second of each turn, every voice turn under
+/// lasting pressure would load them again (5-6.6 s here).
+pub const SPEECH_IDLE_BEFORE_SHED: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A loaded voice, locked while it synthesises.
 type SharedVoice = Arc<Mutex<Box<dyn Voice>>>;
@@ -272,8 +279,10 @@ impl Supervisor {
         }
     }
 
-    /// `load stt|vad|tts-<lang>`. Blocking (a model load): call it off the async workers.
-    pub fn load_speech(&self, role: &SpeechRole) -> Result<(), SpeechError> {
+    /// `load stt|vad|tts-<lang>`. Blocking (a model load): call it off the async workers. Holds
+    /// a claim meanwhile, so that memory pressure does not shed the stack a voice is loaded into.
+    pub fn load_speech(self: &Arc<Self>, role: &SpeechRole) -> Result<(), SpeechError> {
+        let _use = self.speech_use();
         let stack = self.speech()?;
         if let SpeechRole::Voice(lang) = role {
             stack.voice(self, lang)?;
@@ -313,22 +322,27 @@ impl Supervisor {
     }
 
     /// Under memory pressure: unload the speech models if no audio turn (nor the preload's
-    /// warm-up) holds them and no load is under way (never waits for one: called each second
-    /// from the async keeper). Loaded at start by `[speech] preload` for a user who may only
-    /// type, they would otherwise stay while the guard is shed. The next audio turn loads them
-    /// again. Whether they were unloaded.
-    pub(super) fn shed_speech(&self) -> bool {
+    /// warm-up, nor a `load`) holds them, none has for [`SPEECH_IDLE_BEFORE_SHED`] before
+    /// `now`, and no load is under way (never waits for one). Loaded at start by `[speech]
+    /// preload` for a user who may only type, they would otherwise stay while the guard is
+    /// shed; the next audio turn loads them again. Blocking (ONNX sessions freed, the heap
+    /// trimmed): call it off the async workers. Whether they were unloaded.
+    pub(super) fn shed_speech(&self, now: std::time::Instant) -> bool {
         let Ok(_loading) = self.speech_loading.try_lock() else { return false };
         let taken = {
             // Claims are counted before a turn takes the stack from this slot: read under its
             // lock, none means no turn holds the stack or will take this one.
             let mut slot = self.speech.lock().expect("speech");
-            if self.speech_users.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            let released = *self.speech_released.lock().expect("speech released");
+            if self.speech_users.load(std::sync::atomic::Ordering::SeqCst) > 0
+                || now.saturating_duration_since(released) < SPEECH_IDLE_BEFORE_SHED
+            {
                 return false;
             }
             slot.take()
         };
         let Some(taken) = taken else { return false };
+        // Freed before the ledger lets the bytes go, as `unload` does (loads wait meanwhile).
         drop(taken);
         super::heap::trim();
         self.ledger.lock().expect("ledger").remove("speech");
@@ -344,9 +358,9 @@ impl Supervisor {
         let entry = ledger.get("speech");
         let sp = &self.config.speech;
         let unloaded = if sp.preload && self.config.daemon.preload {
-            "loaded at start ([speech] preload) or by the first audio turn"
+            "loaded at start ([speech] preload), else by the next audio turn"
         } else {
-            "loaded by the first audio turn"
+            "loaded by the next audio turn"
         };
         let row =
             |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
