@@ -287,10 +287,8 @@ async fn main() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let stt_loaded = |st: &kazeia_ipc::StatusReport| {
-        st.models.iter().any(|m| m.role == "stt" && m.state == kazeia_ipc::ModelState::Loaded)
-    };
-    let preloaded = config.daemon.preload && config.speech.preload && stt_loaded(&client.status().await?);
+    let preloaded =
+        client.status().await?.models.iter().any(|m| m.role == "stt" && m.state == kazeia_ipc::ModelState::Loaded);
     if let Some(ms) = kazeia_tools::speech_preload_ms(&log) {
         println!(
             "ours: speech models preloaded and warmed in {ms} ms after the language models, {:.1} s after start",

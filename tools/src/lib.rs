@@ -34,13 +34,13 @@ pub fn speech_preload_done(config: &kazeia_daemon::config::Config, log: &std::pa
         return true;
     }
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.contains("speech models preloaded and warmed") || text.contains("speech preload")
+    text.contains(kazeia_daemon::server::SPEECH_PRELOADED) || text.contains("speech preload")
 }
 
-/// The `ms=` of the daemon's "speech models preloaded and warmed" log line, if it is there.
+/// The `ms=` of the daemon's [`kazeia_daemon::server::SPEECH_PRELOADED`] log line, if it is there.
 pub fn speech_preload_ms(log: &std::path::Path) -> Option<u64> {
     let text = std::fs::read_to_string(log).ok()?;
-    let line = text.lines().find(|l| l.contains("speech models preloaded and warmed"))?;
+    let line = text.lines().find(|l| l.contains(kazeia_daemon::server::SPEECH_PRELOADED))?;
     line.split_whitespace().find_map(|w| w.strip_prefix("ms=")).and_then(|v| v.parse().ok())
 }
 

@@ -23,6 +23,10 @@ use crate::config::Config;
 pub use crate::supervisor::Supervisor;
 pub use socket::{default_path, SocketError};
 
+/// The info line that ends a `[speech] preload` (with `ms=` and what was warmed); a failed one
+/// logs "speech preload failed" or "speech preload stopped". Benches wait for either.
+pub const SPEECH_PRELOADED: &str = "speech models preloaded and warmed";
+
 pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathBuf>) -> Result<(), SocketError> {
     let path = socket_path.or_else(|| config.daemon.socket.clone()).unwrap_or_else(default_path);
     let bound = socket::bind(&path, config.daemon.shared_socket_dir)?;
@@ -71,7 +75,7 @@ pub async fn serve(config: Config, registry: Registry, socket_path: Option<PathB
                 Ok(Ok(warmed)) => tracing::info!(
                     ms = start.elapsed().as_millis() as u64,
                     warmed = %warmed.join(", "),
-                    "speech models preloaded and warmed"
+                    "{SPEECH_PRELOADED}"
                 ),
                 Ok(Err(e)) => tracing::error!("speech preload failed: {e}"),
                 Err(e) => tracing::error!("speech preload stopped: {e}"),

@@ -1,9 +1,8 @@
 //! The speech models, loaded by the first audio turn (or `load stt`, or at start with
 //! `[speech] preload`) and kept until `unload` or memory pressure (idle a minute), entered in
-//! the ledger as `speech`. `status`
-//! lists them as roles `stt`, `vad`, `turn` (the end-of-turn model, when configured; one stack:
-//! they load and unload together) and `tts-<lang>` (a voice each); `load`/`unload` take those
-//! names.
+//! the ledger as `speech`. `status` lists them as roles `stt`, `vad`, `turn` (the end-of-turn
+//! model, when configured; one stack: they load and unload together) and `tts-<lang>` (a voice
+//! each); `load`/`unload` take those names.
 
 use std::sync::{Arc, Mutex};
 
@@ -313,12 +312,18 @@ impl Supervisor {
                 (SpeechRole::Stack, Some(_)) => slot.take(),
             }
         };
-        // ONNX sessions are freed here, outside the status lock.
+        self.free_speech(taken);
+        Ok(true)
+    }
+
+    /// The end of an unload or a shed, `speech_loading` held by the caller: the stack taken from
+    /// its slot is freed (ONNX sessions, here, outside the status lock; the heap trimmed) before
+    /// the ledger lets its bytes go.
+    fn free_speech(&self, taken: Option<Arc<SpeechStack>>) {
         drop(taken);
         super::heap::trim();
         self.ledger.lock().expect("ledger").remove("speech");
         let _ = self.changes.send(());
-        Ok(true)
     }
 
     /// Under memory pressure: unload the speech models if no audio turn (nor the preload's
@@ -341,12 +346,10 @@ impl Supervisor {
             }
             slot.take()
         };
-        let Some(taken) = taken else { return false };
-        // Freed before the ledger lets the bytes go, as `unload` does (loads wait meanwhile).
-        drop(taken);
-        super::heap::trim();
-        self.ledger.lock().expect("ledger").remove("speech");
-        let _ = self.changes.send(());
+        if taken.is_none() {
+            return false;
+        }
+        self.free_speech(taken);
         true
     }
 

@@ -308,7 +308,7 @@ async fn status_answers_while_speech_loads_and_transcribes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn preloaded_speech_is_loaded_and_warm_before_the_first_audio_turn() {
     let d = Daemon::start(&format!("{}preload = true\n", config_text()));
-    tokio::task::block_in_place(|| d.wait_log("speech models preloaded and warmed"));
+    tokio::task::block_in_place(|| d.wait_log(kazeia_daemon::server::SPEECH_PRELOADED));
     let c = d.client().await;
     let st = c.status().await.unwrap();
     for role in ["thinker", "guard", "stt", "vad", "turn", "tts-en"] {
