@@ -26,6 +26,12 @@ use crate::params::RoleParams;
 const MAGIC: &[u8; 8] = b"KZPFX\0\0\x01";
 /// Largest state written (a 4B guard's 2k-token prefix is ~150 MiB of KV at f16).
 const MAX_BYTES: usize = 512 << 20;
+/// Files kept per role, the most recently used: one per key (model, context shape, template,
+/// build) in use. With one file per role, any other configuration's daemon, a test's or a
+/// `kazeia run --config`, removed the default's: the next start prefilled the guard's
+/// instructions again (seen: a first voice turn's input check 1055-1325 ms instead of ~200, in
+/// 4 of 7 bench-voice runs after test runs). Bounded: at most this many times `MAX_BYTES`.
+const KEEP_PER_ROLE: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrefixFileError {
@@ -82,7 +88,8 @@ fn file_safe(role: &str) -> String {
     role.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).take(64).collect()
 }
 
-/// Write sequence `seq` (holding exactly `tokens`) to `path`, replacing the role's older files.
+/// Write sequence `seq` (holding exactly `tokens`) to `path`; the role keeps its
+/// `KEEP_PER_ROLE` most recently used files.
 pub fn save(
     ctx: &LlamaContext<'_>,
     seq: i32,
@@ -104,16 +111,7 @@ pub fn save(
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| PrefixFileError::Io(dir.display().to_string(), e))?;
-    // The role's files under other keys are stale now: one file per role.
-    let role = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.rsplit_once('-')).map(|(r, _)| format!("{r}-"));
-    if let (Some(role), Ok(entries)) = (role, std::fs::read_dir(dir)) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&role) && name.ends_with(".prefix") && e.path() != path {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    evict(path, KEEP_PER_ROLE - 1);
     // Written aside, then renamed: a reader never sees half a file, and two writers (two
     // engines in one process, or two processes) never write into the same one.
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -133,6 +131,40 @@ pub fn save(
     f.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|e| PrefixFileError::Io(show, e))?;
     Ok(state.len())
+}
+
+/// Remove the role's files other than `path` past the `keep` most recently used (newest
+/// modification time first: a restore touches its file).
+fn evict(path: &Path, keep: usize) {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let Some(role) =
+        path.file_name().and_then(|n| n.to_str()).and_then(|n| n.rsplit_once('-')).map(|(r, _)| format!("{r}-"))
+    else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut others: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // This role's only: after `<role>-`, exactly a key's 24 hex digits (the files of a
+            // role named `guard-2` are not `guard`'s).
+            name.strip_prefix(&role).is_some_and(|k| k.len() == 24 + ".prefix".len() && k.ends_with(".prefix"))
+                && e.path() != path
+        })
+        .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), e.path()))
+        .collect();
+    others.sort_by_key(|o| std::cmp::Reverse(o.0));
+    for (_, old) in others.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(old);
+    }
+}
+
+/// Mark `path` as just used, so that the role's other keys are evicted before it.
+fn touch(path: &Path) {
+    if let Ok(f) = std::fs::OpenOptions::new().append(true).open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
 }
 
 /// Read `path` and restore it into sequence `seq`: the tokens it holds now.
@@ -176,6 +208,7 @@ pub fn restore(
         let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
         return Err(bad("llama.cpp refused the state"));
     }
+    touch(path);
     Ok(tokens)
 }
 

@@ -117,10 +117,29 @@ impl Daemon {
     }
 }
 
+/// The cache directory of the test daemons, emptied once per run of this binary: their prefix
+/// files (`[daemon] prefix_cache`) stay out of the user's, whose default configuration's file
+/// they would otherwise push out (a role keeps 4), and no test starts from a file an earlier
+/// run left. The models stay where they are (`KAZEIA_MODELS`).
+fn daemon_cache() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("daemon-cache");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+}
+
 pub fn spawn(cfg: &Path, socket: &Path) -> (Child, Arc<Mutex<String>>) {
+    let models = std::env::var_os("KAZEIA_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dirs_cache().join("kazeia").join("models"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_kazeia"))
         .args(["serve", "--config", cfg.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
         .env("RUST_LOG", "info,llama_cpp_2=warn,llama-cpp-2=warn")
+        .env("XDG_CACHE_HOME", daemon_cache())
+        .env("KAZEIA_MODELS", models)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

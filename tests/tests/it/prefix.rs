@@ -107,6 +107,49 @@ async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() 
     }
 }
 
+/// A guard of `n_ctx` that checks on both slots: its file is written. The file.
+async fn written(dir: &std::path::Path, n_ctx: u32) -> std::path::PathBuf {
+    let engine = load(Some(dir), n_ctx);
+    check(&engine, "Is water wet?", 0).await;
+    check(&engine, "How do I bake bread?", 1).await;
+    engine.info("guard").unwrap().prefix_file.expect("written").0
+}
+
+/// Whether a guard of `n_ctx` loads its instructions from its file.
+async fn restored(dir: &std::path::Path, n_ctx: u32) -> bool {
+    let r = check(&load(Some(dir), n_ctx), "What is the capital of France?", 0).await;
+    r.prefilled_tokens * 2 < r.prompt_tokens
+}
+
+/// Two configurations of one role (another context size here; in use: a test's daemon, a
+/// `kazeia run --config`) keep a file each, so that neither start prefills its instructions
+/// again because the other ran. Bounded: a role keeps its 4 most recently used files, and a
+/// fifth key evicts the one used longest ago (a restore counts as a use).
+#[tokio::test(flavor = "multi_thread")]
+async fn each_configuration_keeps_its_prefix_file_up_to_four_per_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = written(dir.path(), 2048).await;
+    let b = written(dir.path(), 1024).await;
+    assert_ne!(a, b);
+    assert!(a.exists() && b.exists(), "{:?}", prefix_files(dir.path()));
+    assert!(restored(dir.path(), 2048).await, "the other configuration's file evicted this one");
+    assert!(restored(dir.path(), 1024).await);
+    // Used most recently to longest ago: b, a. Two more keys fill the role's four.
+    let c = written(dir.path(), 1280).await;
+    let d = written(dir.path(), 1536).await;
+    assert_eq!(prefix_files(dir.path()).len(), 4);
+    // a used again: b is now the one used longest ago, and a fifth key evicts it.
+    assert!(restored(dir.path(), 2048).await);
+    let e = written(dir.path(), 1792).await;
+    let left = prefix_files(dir.path());
+    assert_eq!(left.len(), 4, "{left:?}");
+    assert!(!b.exists(), "the least recently used stays: {left:?}");
+    for kept in [&a, &c, &d, &e] {
+        assert!(kept.exists(), "{kept:?} evicted: {left:?}");
+    }
+    assert!(restored(dir.path(), 2048).await);
+}
+
 /// A hybrid guard (the tiny qwen35): its state cannot be cut back after the instructions, so
 /// the second check leaves a checkpoint where the two prompts part, and the third rewinds there
 /// instead of prefilling the instructions again — with the verdict of a cold context.
