@@ -44,6 +44,10 @@ pub struct Metrics {
     /// Audio turns: the end-of-turn model's verdicts asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_checks: Option<u32>,
+    /// Audio turns with verdicts: the time of the one that ended the turn (ms; part of
+    /// `end_of_turn_ms`). f32: a f64 here made every event over clippy's enum size limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_check_ms: Option<f32>,
     /// Audio turns: Whisper on the utterance, after the end of the turn (ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stt_ms: Option<f64>,

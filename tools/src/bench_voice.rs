@@ -366,6 +366,10 @@ async fn main() -> Result<()> {
     };
     println!("stages, medians (ms)        ours    reference");
     println!("  end of turn               {:>6}    {:>6}", med(&|m| m.end_of_turn_ms), their("end_of_turn_ms"));
+    println!(
+        "   of which the verdict     {:>6}         -  (the end-of-turn model)",
+        med(&|m| m.turn_check_ms.map(f64::from))
+    );
     println!("  STT                       {:>6}    {:>6}", med(&|m| m.stt_ms), their("stt_ms"));
     println!("  input guard               {:>6}         -", med(&|m| m.guard_in_ms));
     println!("  first sentence (released) {:>6}    {:>6}", med(&|m| m.ttfs_ms), their("llm_first_sentence_ms"));

@@ -51,9 +51,12 @@ pub enum Heard {
 /// How the user's turn ended, for the turn's metrics.
 #[derive(Debug, Clone)]
 pub struct Ending {
-    /// When the user stopped speaking: the decision's instant minus the audio heard since the
-    /// silence began (the audio arrives at the microphone's pace), or the moment a whole
-    /// recording was handed over.
+    /// When the user stopped speaking: when the latest audio was heard, minus the audio heard
+    /// since the silence began (the audio arrives at the microphone's pace), or the moment a
+    /// whole recording was handed over. Not the decision's instant: no audio is heard while the
+    /// end-of-turn model runs, so the decision's instant minus the audio heard left each verdict
+    /// out of the wait (`end_of_turn_ms` was the pause alone, 224 ms in bench-voice; the client
+    /// waited ~300 ms more than `speech_end_to_audio_ms` said).
     pub speech_end: Instant,
     /// From the end of speech to the end of the turn (ms): the pause waited and the verdicts.
     pub end_of_turn_ms: f64,
@@ -61,6 +64,8 @@ pub struct Ending {
     pub stt_ms: f64,
     /// The end-of-turn model's verdicts asked.
     pub turn_checks: u32,
+    /// The verdict that ended the turn (ms; 0 without the model or a verdict).
+    pub turn_check_ms: f64,
 }
 
 /// The connection's side of an audio turn: where its audio frames go.
@@ -146,7 +151,7 @@ pub fn whole(
     let (tx, rx) = mpsc::unbounded_channel();
     let handle = tokio::task::spawn_blocking(move || {
         let speech_end = Instant::now();
-        let ending = Ending { speech_end, end_of_turn_ms: 0.0, stt_ms: 0.0, turn_checks: 0 };
+        let ending = Ending { speech_end, end_of_turn_ms: 0.0, stt_ms: 0.0, turn_checks: 0, turn_check_ms: 0.0 };
         let _ = tx.send(transcribe(&sup, &samples, &[], None, &turn, ending));
     });
     (rx, Task { stop: CancellationToken::new(), handle })
@@ -279,8 +284,11 @@ fn listen(
     // Samples heard so far; while the model said "not yet": where the silence began, and when
     // to ask again.
     let mut pos = 0usize;
+    // When the audio up to `pos` had been heard (taken from the ring as it came).
+    let mut heard_at: Instant;
     let mut waiting: Option<(usize, usize)> = None;
     let mut checks = 0u32;
+    let mut check_ms = 0f64;
     // The latest draft transcript, and whether speech began after it started (then the
     // transcript of the turn cannot be it; speech going on after a draft started inside an
     // utterance's silence does not set it: no verdict waits there, and `ahead` says which
@@ -314,15 +322,20 @@ fn listen(
         }
     };
     // Is the utterance a finished turn? A model that fails ends the turn (as silence would).
-    let complete = |utterance: &[f32], checks: &mut u32| -> bool {
+    // `check_ms`: this verdict's time, for the turn's metrics.
+    let complete = |utterance: &[f32], checks: &mut u32, check_ms: &mut f64| -> bool {
         let Some(m) = model else { return true };
         *checks += 1;
+        let t = Instant::now();
         // The verdict first: the user is waiting on it, and an early reply's decodes beside it
         // slowed it several times over on 2 cores.
-        let _hold = kazeia_engine::SpeechHold::take();
-        match m.lock().expect("end-of-turn model").probability(utterance) {
+        let hold = kazeia_engine::SpeechHold::take();
+        let verdict = m.lock().expect("end-of-turn model").probability(utterance);
+        drop(hold);
+        *check_ms = t.elapsed().as_secs_f64() * 1e3;
+        match verdict {
             Ok(p) => {
-                tracing::debug!(p, "end-of-turn verdict");
+                tracing::debug!(p, ms = *check_ms, "end-of-turn verdict");
                 p > s.turn_threshold
             }
             Err(e) => {
@@ -368,6 +381,7 @@ fn listen(
         if ring.consumer.occupied_len() >= vad::CHUNK {
             ring.consumer.pop_slice(&mut chunk);
             pos += vad::CHUNK;
+            heard_at = Instant::now();
             if speaking {
                 utterance.extend_from_slice(&chunk);
             } else {
@@ -404,7 +418,7 @@ fn listen(
                         ahead = None;
                     }
                     spoke_since_draft = false;
-                    if complete(&utterance, &mut checks) {
+                    if complete(&utterance, &mut checks, &mut check_ms) {
                         break Some(silence);
                     }
                     waiting = Some((silence, pos + pause_n));
@@ -418,9 +432,13 @@ fn listen(
                     }
                 }
                 Ok(None) => match waiting {
-                    Some((silence, _)) if pos - silence >= max_n => break Some(silence),
+                    Some((silence, _)) if pos - silence >= max_n => {
+                        // The longest silence ended it, not a verdict.
+                        check_ms = 0.0;
+                        break Some(silence);
+                    }
                     Some((silence, next)) if pos >= next => {
-                        if complete(&utterance, &mut checks) {
+                        if complete(&utterance, &mut checks, &mut check_ms) {
                             break Some(silence);
                         }
                         waiting = Some((silence, pos + pause_n));
@@ -469,6 +487,7 @@ fn listen(
             let mut rest = vec![0f32; ring.consumer.occupied_len()];
             ring.consumer.pop_slice(&mut rest);
             pos += rest.len();
+            heard_at = Instant::now();
             if !speaking {
                 utterance = std::mem::take(&mut recent);
             }
@@ -480,7 +499,7 @@ fn listen(
     };
     let segment_end = since.is_some();
     let waited = since.map_or(0, |at| pos.saturating_sub(at));
-    let speech_end = Instant::now().checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or_else(Instant::now);
+    let speech_end = heard_at.checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or(heard_at);
     let end_of_turn_ms = speech_end.elapsed().as_secs_f64() * 1e3;
     // The draft chosen at the pause that ended the turn is its transcript (what came after it
     // is silence); else Whisper starts now, with the latest draft's ids as its hint.
@@ -492,7 +511,11 @@ fn listen(
                 Ok((t, ready)) => {
                     let stt_ms = ready.saturating_duration_since(decided).as_secs_f64() * 1e3;
                     log_transcribed(&t, "draft", stt_ms);
-                    Some(heard_in(sup, t, Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks }))
+                    Some(heard_in(
+                        sup,
+                        t,
+                        Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks, turn_check_ms: check_ms },
+                    ))
                 }
                 Err(e) => {
                     tracing::warn!("the draft transcription failed, transcribing again: {e}");
@@ -503,7 +526,7 @@ fn listen(
         _ => None,
     };
     let t = drafted.unwrap_or_else(|| {
-        let ending = Ending { speech_end, end_of_turn_ms, stt_ms: 0.0, turn_checks: checks };
+        let ending = Ending { speech_end, end_of_turn_ms, stt_ms: 0.0, turn_checks: checks, turn_check_ms: check_ms };
         transcribe(sup, &utterance, &hint, Some(speaking), turn, ending)
     });
     let failed = matches!(t, Heard::Failed(..));

@@ -422,6 +422,7 @@ fn speech_metrics(mut m: Metrics, ending: Option<&listen::Ending>, spoken: Optio
     if let Some(e) = ending {
         m.end_of_turn_ms = Some(e.end_of_turn_ms);
         m.turn_checks = Some(e.turn_checks);
+        m.turn_check_ms = (e.turn_checks > 0).then_some(e.turn_check_ms as f32);
         m.stt_ms = Some(e.stt_ms);
     }
     if let Some((at, tts_ms)) = spoken.and_then(|s| s.first_audio) {

@@ -171,6 +171,11 @@ async fn transcribe_and_voice_over_the_socket() {
     let stages = [metrics.end_of_turn_ms, metrics.stt_ms, metrics.tts_first_ms];
     assert!(stages.iter().all(|m| m.is_some_and(|v| v > 0.0 && v < wait)), "{metrics:?}");
     assert!(metrics.turn_checks >= Some(1), "the end-of-turn model was asked: {metrics:?}");
+    // The end of the turn counts the verdict that ended it on top of the pause (200 ms, the
+    // default `turn_pause`): no audio is heard while the model runs, and the wait once left it
+    // out (then `end_of_turn_ms` was the pause alone, whatever the verdict took).
+    let (eot, check) = (metrics.end_of_turn_ms.unwrap(), metrics.turn_check_ms.expect("turn_check_ms"));
+    assert!(check > 0.0 && eot >= 200.0 + f64::from(check), "{metrics:?}");
     assert!(wer("What is the capital of France?", &heard) <= 0.34, "{heard:?}");
     assert!(verdicts >= 2, "input and output verdicts: {verdicts}");
     assert!(tokens.contains("Paris"), "{tokens:?} (heard {heard:?})");
