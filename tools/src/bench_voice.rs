@@ -316,7 +316,9 @@ async fn main() -> Result<()> {
     let (mut our_waits, mut their_waits, mut blocked) = (Vec::new(), Vec::new(), 0);
     let mut stages: Vec<Metrics> = Vec::new();
     let mut their_stages: Vec<serde_json::Value> = Vec::new();
-    println!("{:>3} {:<7} {:<3} {:>9} {:>9}  question", "rep", "voice", "", "ours ms", "ref ms");
+    // `daemon ms`: the daemon's own estimate (speech_end_to_audio_ms), from where its VAD put
+    // the end of speech (up to ~120 ms after the sound) and with the 100 ms frames' timing.
+    println!("{:>3} {:<7} {:<3} {:>9} {:>9} {:>9}  question", "rep", "voice", "", "ours ms", "daemon ms", "ref ms");
     for rep in 0..args.reps {
         for (n, clip) in clips.iter().enumerate() {
             let run_ours = || ours(&client, clip);
@@ -330,19 +332,23 @@ async fn main() -> Result<()> {
             let their_ms = theirs["latency_ms"].as_f64().context("reference latency_ms")?;
             their_waits.push(their_ms);
             their_stages.push(theirs);
-            let mine_ms = match mine {
+            let (mine_ms, daemon_ms) = match mine {
                 Some(h) => {
                     our_waits.push(h.wait_ms);
+                    let daemon = h.metrics.as_ref().and_then(|m| m.speech_end_to_audio_ms);
                     stages.extend(h.metrics);
-                    format!("{:.0}", h.wait_ms)
+                    (format!("{:.0}", h.wait_ms), daemon.map_or("-".into(), |d| format!("{d:.0}")))
                 }
                 None => {
                     blocked += 1;
-                    "blocked".into()
+                    ("blocked".into(), "-".into())
                 }
             };
             let voice = clips_wanted[n].0;
-            println!("{rep:>3} {voice:<7} {:<3} {mine_ms:>9} {their_ms:>9.0}  {}", clip.language, clip.text);
+            println!(
+                "{rep:>3} {voice:<7} {:<3} {mine_ms:>9} {daemon_ms:>9} {their_ms:>9.0}  {}",
+                clip.language, clip.text
+            );
         }
     }
     if our_waits.is_empty() {
