@@ -32,6 +32,10 @@ const MAX_BYTES: usize = 512 << 20;
 /// instructions again (seen: a first voice turn's input check 1055-1325 ms instead of ~200, in
 /// 4 of 7 bench-voice runs after test runs). Bounded: at most this many times `MAX_BYTES`.
 const KEEP_PER_ROLE: usize = 4;
+/// A role's other files unused this long go at its next write: on the device, where one
+/// configuration runs, a model or llama.cpp update leaves the old key's file behind (a 4B
+/// guard's: tens to hundreds of MiB).
+const MAX_IDLE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrefixFileError {
@@ -134,7 +138,7 @@ pub fn save(
 }
 
 /// Remove the role's files other than `path` past the `keep` most recently used (newest
-/// modification time first: a restore touches its file).
+/// modification time first: a restore touches its file), and those unused for `MAX_IDLE`.
 fn evict(path: &Path, keep: usize) {
     let dir = path.parent().unwrap_or(Path::new("."));
     let Some(role) =
@@ -155,8 +159,11 @@ fn evict(path: &Path, keep: usize) {
         .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), e.path()))
         .collect();
     others.sort_by_key(|o| std::cmp::Reverse(o.0));
-    for (_, old) in others.into_iter().skip(keep) {
-        let _ = std::fs::remove_file(old);
+    let idle = |at: std::time::SystemTime| at.elapsed().is_ok_and(|d| d > MAX_IDLE);
+    for (n, (at, old)) in others.into_iter().enumerate() {
+        if n >= keep || idle(at) {
+            let _ = std::fs::remove_file(old);
+        }
     }
 }
 

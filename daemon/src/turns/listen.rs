@@ -20,7 +20,7 @@
 //! of starting only then.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kazeia_ipc::{AudioFrame, ErrorCode};
@@ -51,12 +51,12 @@ pub enum Heard {
 /// How the user's turn ended, for the turn's metrics.
 #[derive(Debug, Clone)]
 pub struct Ending {
-    /// When the user stopped speaking: when the latest audio was heard, minus the audio heard
-    /// since the silence began (the audio arrives at the microphone's pace), or the moment a
-    /// whole recording was handed over. Not the decision's instant: no audio is heard while the
-    /// end-of-turn model runs, so the decision's instant minus the audio heard left each verdict
-    /// out of the wait (`end_of_turn_ms` was the pause alone, 224 ms in bench-voice; the client
-    /// waited ~300 ms more than `speech_end_to_audio_ms` said).
+    /// When the user stopped speaking: when the latest audio frame came, less the audio since
+    /// the silence began up to that frame's end (audio comes at the microphone's pace), or the
+    /// moment a whole recording was handed over. Not the decision's instant less the audio the
+    /// listener took: it takes none while the end-of-turn model runs, so each verdict was left
+    /// out of the wait (`end_of_turn_ms` was the pause alone, 224 ms in bench-voice, and the
+    /// client waited ~300 ms more than `speech_end_to_audio_ms` said).
     pub speech_end: Instant,
     /// From the end of speech to the end of the turn (ms): the pause waited and the verdicts.
     pub end_of_turn_ms: f64,
@@ -64,7 +64,8 @@ pub struct Ending {
     pub stt_ms: f64,
     /// The end-of-turn model's verdicts asked.
     pub turn_checks: u32,
-    /// The verdict that ended the turn (ms; 0 without the model or a verdict).
+    /// The verdict that ended the turn (ms; 0 when the longest silence or the client's `last`
+    /// frame ended it).
     pub turn_check_ms: f64,
 }
 
@@ -74,6 +75,7 @@ pub struct AudioInput {
     rate: u32,
     channels: u16,
     ended: Arc<AtomicBool>,
+    arrived: Arc<Mutex<Arrived>>,
     pub overrun: bool,
 }
 
@@ -81,13 +83,27 @@ pub struct AudioInput {
 pub struct Ring {
     consumer: HeapCons<f32>,
     ended: Arc<AtomicBool>,
+    arrived: Arc<Mutex<Arrived>>,
+}
+
+/// The samples pushed so far and when the latest frame came: the clock a turn's end of speech
+/// is read against (audio comes at the microphone's pace; the listener may lag behind it, as
+/// while the end-of-turn model runs).
+#[derive(Clone, Copy)]
+struct Arrived {
+    samples: usize,
+    at: Instant,
 }
 
 /// A ring for a stream of `rate` Hz, `channels`-channel frames.
 pub fn ring(rate: u32, channels: u16) -> (AudioInput, Ring) {
     let (producer, consumer) = HeapRb::<f32>::new(RING).split();
     let ended = Arc::new(AtomicBool::new(false));
-    (AudioInput { producer, rate, channels, ended: ended.clone(), overrun: false }, Ring { consumer, ended })
+    let arrived = Arc::new(Mutex::new(Arrived { samples: 0, at: Instant::now() }));
+    (
+        AudioInput { producer, rate, channels, ended: ended.clone(), arrived: arrived.clone(), overrun: false },
+        Ring { consumer, ended, arrived },
+    )
 }
 
 impl AudioInput {
@@ -95,7 +111,11 @@ impl AudioInput {
     /// speech task fell more than the ring's length behind.
     pub fn push(&mut self, a: &AudioFrame) -> bool {
         let samples = audio::to_16k_mono(&audio::from_s16le(&a.pcm), self.rate, self.channels);
+        // Under the lock: the listener reads the count and the instant together.
+        let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
         let pushed = self.producer.push_slice(&samples);
+        *arrived = Arrived { samples: arrived.samples + pushed, at: Instant::now() };
+        drop(arrived);
         if a.last {
             self.ended.store(true, Ordering::Release);
         }
@@ -284,11 +304,11 @@ fn listen(
     // Samples heard so far; while the model said "not yet": where the silence began, and when
     // to ask again.
     let mut pos = 0usize;
-    // When the audio up to `pos` had been heard (taken from the ring as it came).
-    let mut heard_at: Instant;
     let mut waiting: Option<(usize, usize)> = None;
     let mut checks = 0u32;
-    let mut check_ms = 0f64;
+    // The latest verdict's time, and that of the one that ended the turn (0: the longest
+    // silence or the client's `last` frame ended it).
+    let (mut check_ms, mut ended_by) = (0f64, 0f64);
     // The latest draft transcript, and whether speech began after it started (then the
     // transcript of the turn cannot be it; speech going on after a draft started inside an
     // utterance's silence does not set it: no verdict waits there, and `ahead` says which
@@ -381,7 +401,6 @@ fn listen(
         if ring.consumer.occupied_len() >= vad::CHUNK {
             ring.consumer.pop_slice(&mut chunk);
             pos += vad::CHUNK;
-            heard_at = Instant::now();
             if speaking {
                 utterance.extend_from_slice(&chunk);
             } else {
@@ -419,6 +438,7 @@ fn listen(
                     }
                     spoke_since_draft = false;
                     if complete(&utterance, &mut checks, &mut check_ms) {
+                        ended_by = check_ms;
                         break Some(silence);
                     }
                     waiting = Some((silence, pos + pause_n));
@@ -433,12 +453,11 @@ fn listen(
                 }
                 Ok(None) => match waiting {
                     Some((silence, _)) if pos - silence >= max_n => {
-                        // The longest silence ended it, not a verdict.
-                        check_ms = 0.0;
                         break Some(silence);
                     }
                     Some((silence, next)) if pos >= next => {
                         if complete(&utterance, &mut checks, &mut check_ms) {
+                            ended_by = check_ms;
                             break Some(silence);
                         }
                         waiting = Some((silence, pos + pause_n));
@@ -487,7 +506,6 @@ fn listen(
             let mut rest = vec![0f32; ring.consumer.occupied_len()];
             ring.consumer.pop_slice(&mut rest);
             pos += rest.len();
-            heard_at = Instant::now();
             if !speaking {
                 utterance = std::mem::take(&mut recent);
             }
@@ -498,8 +516,15 @@ fn listen(
         }
     };
     let segment_end = since.is_some();
-    let waited = since.map_or(0, |at| pos.saturating_sub(at));
-    let speech_end = heard_at.checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or(heard_at);
+    let speech_end = match since {
+        // When the latest frame came, less the audio since the silence began up to its end.
+        Some(at) => {
+            let arrived = *ring.arrived.lock().unwrap_or_else(|p| p.into_inner());
+            let waited = arrived.samples.max(pos).saturating_sub(at);
+            arrived.at.checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or(arrived.at)
+        }
+        None => Instant::now(),
+    };
     let end_of_turn_ms = speech_end.elapsed().as_secs_f64() * 1e3;
     // The draft chosen at the pause that ended the turn is its transcript (what came after it
     // is silence); else Whisper starts now, with the latest draft's ids as its hint.
@@ -514,7 +539,7 @@ fn listen(
                     Some(heard_in(
                         sup,
                         t,
-                        Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks, turn_check_ms: check_ms },
+                        Ending { speech_end, end_of_turn_ms, stt_ms, turn_checks: checks, turn_check_ms: ended_by },
                     ))
                 }
                 Err(e) => {
@@ -526,7 +551,7 @@ fn listen(
         _ => None,
     };
     let t = drafted.unwrap_or_else(|| {
-        let ending = Ending { speech_end, end_of_turn_ms, stt_ms: 0.0, turn_checks: checks, turn_check_ms: check_ms };
+        let ending = Ending { speech_end, end_of_turn_ms, stt_ms: 0.0, turn_checks: checks, turn_check_ms: ended_by };
         transcribe(sup, &utterance, &hint, Some(speaking), turn, ending)
     });
     let failed = matches!(t, Heard::Failed(..));

@@ -124,7 +124,8 @@ async fn restored(dir: &std::path::Path, n_ctx: u32) -> bool {
 /// Two configurations of one role (another context size here; in use: a test's daemon, a
 /// `kazeia run --config`) keep a file each, so that neither start prefills its instructions
 /// again because the other ran. Bounded: a role keeps its 4 most recently used files, and a
-/// fifth key evicts the one used longest ago (a restore counts as a use).
+/// fifth key evicts the one used longest ago (a restore counts as a use); a file unused for a
+/// week goes at the next write.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_configuration_keeps_its_prefix_file_up_to_four_per_role() {
     let dir = tempfile::tempdir().unwrap();
@@ -148,6 +149,14 @@ async fn each_configuration_keeps_its_prefix_file_up_to_four_per_role() {
         assert!(kept.exists(), "{kept:?} evicted: {left:?}");
     }
     assert!(restored(dir.path(), 2048).await);
+    // A file unused for more than a week (an update's old key) goes at the role's next write,
+    // with room left for it (three others).
+    std::fs::remove_file(&e).unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(8 * 24 * 3600);
+    std::fs::OpenOptions::new().append(true).open(&c).unwrap().set_modified(old).unwrap();
+    let f = written(dir.path(), 3072).await;
+    let left = prefix_files(dir.path());
+    assert!(!c.exists() && [&a, &d, &f].iter().all(|p| p.exists()), "{left:?}");
 }
 
 /// A hybrid guard (the tiny qwen35): its state cannot be cut back after the instructions, so
