@@ -55,6 +55,9 @@ pub struct Cache {
     checkpoints: Vec<Vec<Checkpoint>>,
     /// The role's prefix file is written (or was restored): once per load.
     pub prefix_kept: bool,
+    /// The tokens restored from the prefix file at load, until the first prompt has been
+    /// compared with them (see `Run::judge_restored`).
+    restored: Option<Vec<LlamaToken>>,
 }
 
 struct Checkpoint {
@@ -208,6 +211,7 @@ impl Run<'_, '_> {
         ahead: bool,
     ) -> Result<Prefilled, GenerateError> {
         let t = Instant::now();
+        self.judge_restored(tokens);
         let seq = self.seq;
         let cached = self.cache.seq(seq as usize);
         let common = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
@@ -331,6 +335,25 @@ impl Run<'_, '_> {
         Ok(())
     }
 
+    /// The first prompt after a restore: when it shares less than half of the restored tokens,
+    /// the file holds another prompt's prefix under this key (the key has the model, shape and
+    /// template, not the instructions or the system prompt: an update that changed the guard's
+    /// prompt, a pipeline's new system prompt). It is written again from this load, instead of
+    /// being restored, useless, at every start while the role prefills its prefix each time.
+    fn judge_restored(&mut self, tokens: &[LlamaToken]) {
+        let Some(restored) = self.cache.restored.take() else { return };
+        let common = restored.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        if common * 2 < restored.len() {
+            tracing::info!(
+                role = %self.cfg.role,
+                restored = restored.len(),
+                common,
+                "the prefix file holds another prompt's prefix: it will be written again"
+            );
+            self.cache.prefix_kept = false;
+        }
+    }
+
     /// Write this sequence (holding exactly its `n` cached tokens) as the role's prefix file,
     /// once per load. A failure is logged and costs only the next load a prefill.
     fn keep_prefix(&mut self, n: usize) {
@@ -387,6 +410,7 @@ pub fn restore_prefix(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &Sha
         Ok(tokens) => {
             tracing::info!(role = %cfg.role, tokens = tokens.len(), file = %path.display(), "prefix restored");
             let n = tokens.len();
+            cache.restored = Some(tokens.clone());
             *cache.seq(0) = tokens;
             cache.prefix_kept = true;
             // A hybrid model's state there is also the first checkpoint: every conversation
@@ -450,6 +474,7 @@ pub fn run(
 /// daemon (Android stops idle services). Kept as a checkpoint, a new conversation rewinds to it
 /// instead of starting over.
 fn fixed_opening(run: &mut Run<'_, '_>, messages: &[ChatMessage], tokens: &[LlamaToken]) -> Option<usize> {
+    run.judge_restored(tokens);
     let for_file = !run.cache.prefix_kept && run.cfg.prefix_dir.is_some();
     let for_checkpoint =
         run.cfg.checkpoints >= 2 && run.model.recurrent_state() && run.cache.checkpoints(run.seq as usize).is_empty();

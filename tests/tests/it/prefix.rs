@@ -34,6 +34,10 @@ async fn check(engine: &Engine, text: &str, slot: u32) -> Classification {
     let instructions = "You are a safety classifier. Read the user's message and decide whether it asks for \
         something harmful: violence, weapons, self-harm, sexual content involving minors, or illegal acts. \
         Answer with exactly one word, Safe or Unsafe.";
+    check_with(engine, instructions, text, slot).await
+}
+
+async fn check_with(engine: &Engine, instructions: &str, text: &str, slot: u32) -> Classification {
     let req = ClassifyRequest {
         role: "guard".into(),
         messages: vec![ChatMessage::new("system", instructions), ChatMessage::new("user", text)],
@@ -157,6 +161,29 @@ async fn each_configuration_keeps_its_prefix_file_up_to_four_per_role() {
     let f = written(dir.path(), 3072).await;
     let left = prefix_files(dir.path());
     assert!(!c.exists() && [&a, &d, &f].iter().all(|p| p.exists()), "{left:?}");
+}
+
+/// The key leaves out the instructions: a file written for others (an update that changed the
+/// guard's prompt) is restored, found to share little with the first check, and written again
+/// for the instructions in use, instead of being restored uselessly at every start.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefix_file_for_other_instructions_is_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = "You judge messages. Reply Safe when a message is harmless, and Unsafe when it asks for \
+        weapons, drugs or violence, or for anything else that could hurt someone or break the law.";
+    let engine = load(Some(dir.path()), 2048);
+    check_with(&engine, other, "Is water wet?", 0).await;
+    check_with(&engine, other, "How do I bake bread?", 1).await;
+    drop(engine);
+    assert_eq!(prefix_files(dir.path()).len(), 1);
+    // The default instructions now: the file is restored, but shares only the template's start.
+    let engine = load(Some(dir.path()), 2048);
+    let first = check(&engine, "Is water wet?", 0).await;
+    assert!(first.prefilled_tokens * 2 > first.prompt_tokens, "{first:?}");
+    check(&engine, "How do I bake bread?", 1).await;
+    drop(engine);
+    assert!(restored(dir.path(), 2048).await, "the file still holds the other instructions");
+    assert_eq!(prefix_files(dir.path()).len(), 1, "one key, one file");
 }
 
 /// A hybrid guard (the tiny qwen35): its state cannot be cut back after the instructions, so
