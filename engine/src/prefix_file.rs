@@ -36,6 +36,8 @@ const KEEP_PER_ROLE: usize = 4;
 /// configuration runs, a model or llama.cpp update leaves the old key's file behind (a 4B
 /// guard's: tens to hundreds of MiB).
 const MAX_IDLE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// A file's name is `<role>-<the key's first KEY_BYTES, in hex>.prefix`.
+const KEY_BYTES: usize = 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrefixFileError {
@@ -66,7 +68,7 @@ pub fn path(cfg: &RoleParams, model: &SharedModel) -> Option<(PathBuf, [u8; 32])
         env!("CARGO_PKG_VERSION"),
     );
     let hash = Sha256::digest(format!("{key}|{}", llama_build()).as_bytes());
-    let name: String = hash[..12].iter().map(|b| format!("{b:02x}")).collect();
+    let name: String = hash[..KEY_BYTES].iter().map(|b| format!("{b:02x}")).collect();
     Some((dir.join(format!("{}-{name}.prefix", file_safe(&cfg.role))), hash.into()))
 }
 
@@ -151,9 +153,10 @@ fn evict(path: &Path, keep: usize) {
         .flatten()
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            // This role's only: after `<role>-`, exactly a key's 24 hex digits (the files of a
-            // role named `guard-2` are not `guard`'s).
-            name.strip_prefix(&role).is_some_and(|k| k.len() == 24 + ".prefix".len() && k.ends_with(".prefix"))
+            // This role's only: after `<role>-`, exactly a key's hex digits (the files of a role
+            // named `guard-2` are not `guard`'s).
+            name.strip_prefix(&role)
+                .is_some_and(|k| k.len() == 2 * KEY_BYTES + ".prefix".len() && k.ends_with(".prefix"))
                 && e.path() != path
         })
         .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), e.path()))

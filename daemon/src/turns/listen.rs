@@ -452,9 +452,7 @@ fn listen(
                     }
                 }
                 Ok(None) => match waiting {
-                    Some((silence, _)) if pos - silence >= max_n => {
-                        break Some(silence);
-                    }
+                    Some((silence, _)) if pos - silence >= max_n => break Some(silence),
                     Some((silence, next)) if pos >= next => {
                         if complete(&utterance, &mut checks, &mut check_ms) {
                             ended_by = check_ms;

@@ -20,12 +20,14 @@ pub fn gemma3() -> PathBuf {
 
 /// A file of the model cache (`KAZEIA_MODELS`, else ~/.cache/kazeia/models), which must exist.
 fn model_file(rel: &str) -> PathBuf {
-    let dir = std::env::var_os("KAZEIA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dirs_cache().join("kazeia").join("models"));
-    let p = dir.join(rel);
+    let p = models_dir().join(rel);
     assert!(p.is_file(), "{} missing: run tools/fetch-models", p.display());
     p
+}
+
+/// The model cache: `KAZEIA_MODELS`, else ~/.cache/kazeia/models.
+fn models_dir() -> PathBuf {
+    std::env::var_os("KAZEIA_MODELS").map(PathBuf::from).unwrap_or_else(|| dirs_cache().join("kazeia").join("models"))
 }
 
 fn dirs_cache() -> PathBuf {
@@ -132,14 +134,11 @@ fn daemon_cache() -> &'static Path {
 }
 
 pub fn spawn(cfg: &Path, socket: &Path) -> (Child, Arc<Mutex<String>>) {
-    let models = std::env::var_os("KAZEIA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dirs_cache().join("kazeia").join("models"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_kazeia"))
         .args(["serve", "--config", cfg.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
         .env("RUST_LOG", "info,llama_cpp_2=warn,llama-cpp-2=warn")
         .env("XDG_CACHE_HOME", daemon_cache())
-        .env("KAZEIA_MODELS", models)
+        .env("KAZEIA_MODELS", models_dir())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
