@@ -69,9 +69,11 @@ struct Reference {
 
 impl Reference {
     fn start(threads: usize) -> Result<Reference> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference-stt");
+        // From the checkout the wrapper runs in (tools/bench-stt cds to its root), not the one
+        // this binary was built from: the build cache is shared by every clone, and a binary
+        // built in a clone since deleted named a script that no longer existed.
         let mut child = Command::new("python3")
-            .arg(script)
+            .arg("tools/reference-stt")
             .args(["--serve", "--threads", &threads.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -7,13 +7,9 @@ use crate::common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::Daemon;
+use common::{repo, Daemon};
 use kazeia_daemon::speech::wer::wer;
 use kazeia_ipc::{Event, TurnOptions};
-
-fn repo() -> &'static std::path::Path {
-    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
 
 /// The repo's models.toml as a user has it (its speech preloaded), with English speech (a fixed
 /// language keeps the transcripts comparable) and both roles loaded at start.

@@ -3,9 +3,7 @@
 use std::path::Path;
 use std::process::Command;
 
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+use crate::common::repo;
 
 fn kazeia(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kazeia")).args(args).current_dir(repo()).output().expect("run kazeia");

@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 use kazeia_ipc::{Client, Event, Incoming};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+/// The checkout under test, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for it),
+/// not built in with `env!`: the build cache outside the clone is shared by every clone, and a
+/// test binary still fresh from another checkout's build would read that checkout's files, or
+/// fail once it is deleted.
+pub fn repo() -> PathBuf {
+    PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test")).join("..")
+}
+
 pub fn smollm2() -> PathBuf {
     model_file("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }

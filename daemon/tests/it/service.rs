@@ -3,11 +3,12 @@
 //! That the daemon serves on a socket handed over by systemd or init is in socket.rs
 //! (`systemd_socket_activation`, `android_init_socket`).
 
-use std::path::Path;
 use std::process::Command;
 
+use crate::common;
+
 fn dist(rel: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist").join(rel)).unwrap()
+    std::fs::read_to_string(common::repo().join("dist").join(rel)).unwrap()
 }
 
 #[test]

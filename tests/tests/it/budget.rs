@@ -1,8 +1,6 @@
 //! The planner against the figures of FACTS.md, on the synthetic target-shaped models
 //! (tools/make-synthetic-models), and the plan of the device set.
 
-use std::path::Path;
-
 use kazeia_daemon::config::{default_cache_dir, Config};
 use kazeia_memory_budget::{
     estimate, gguf, htp_runs, layer_bytes, plan_htp, ContextParams, KvType, DEFAULT_SESSION_CAP,
@@ -82,7 +80,7 @@ fn guard_4b_kv_is_four_and_a_half_times_the_thinkers() {
 
 #[test]
 fn device_plan_fits_the_16_gb_budget() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models.target.toml");
+    let path = crate::repo().join("models.target.toml");
     let plan = kazeia_daemon::plan::plan(&Config::load(&path).unwrap()).unwrap();
     let gib = |roles: &[&str]| {
         plan.models.iter().filter(|m| roles.contains(&m.role.as_str())).map(|m| m.total_bytes).sum::<u64>() as f64

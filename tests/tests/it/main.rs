@@ -11,3 +11,11 @@ mod prefix;
 mod speech;
 mod thinking;
 mod turn;
+
+/// The checkout under test, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for it),
+/// not built in with `env!`: the build cache outside the clone is shared by every clone, and a
+/// test binary still fresh from another checkout's build would read that checkout's files, or
+/// fail once it is deleted.
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test")).join("..")
+}

@@ -125,7 +125,7 @@ fn french_from_espeak_matches_the_reference_implementation() {
 
 /// Transcripts by tools/reference-stt (faster-whisper on the same CTranslate2 weights).
 fn reference_stt(language: &str, files: &[PathBuf]) -> Vec<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/reference-stt");
+    let script = crate::repo().join("tools/reference-stt");
     let out =
         Command::new("python3").arg(&script).args(["--language", language]).args(files).output().expect("python3");
     assert!(out.status.success(), "reference-stt: {}", String::from_utf8_lossy(&out.stderr));

@@ -62,7 +62,7 @@ fn model() -> EndOfTurn {
 
 /// Pipecat's verdicts and features for `files`.
 fn reference(files: &[PathBuf]) -> Vec<(f32, Vec<f32>)> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/smart-turn-reference");
+    let script = crate::repo().join("tools/smart-turn-reference");
     let out = Command::new("python3").arg(&script).arg("--features").args(files).output().expect("python3");
     assert!(out.status.success(), "smart-turn-reference: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout)
