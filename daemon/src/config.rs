@@ -285,13 +285,21 @@ pub struct SpeechConfig {
     /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
     #[serde(deserialize_with = "de_duration")]
     pub turn_max_silence: Duration,
-    /// Silence after the audio in the Whisper window of a partial transcript (at most 30 s in
-    /// all; the turn's own transcript always runs the whole 30 s): the encoder's time follows
-    /// the window (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole
-    /// windows for partials too. From 5 s to 30 s (under 5 s Whisper loops or ends sentences
-    /// early: wasted cores, not a draft).
+    /// Silence after the audio in the Whisper window of a partial transcript, and of the turn's
+    /// own in `cut_languages` (at most 30 s in all): the encoder's time follows the window
+    /// (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole windows
+    /// always. From 5 s to 30 s (under 5 s Whisper loops or ends sentences early: wasted
+    /// cores, not a draft).
     #[serde(deserialize_with = "de_duration")]
     pub partial_margin: Duration,
+    /// Languages whose turn transcript (the one the Thinker answers) runs on the window of a
+    /// partial (`partial_margin`) instead of the whole 30 s, when the language is given or was
+    /// the last one detected: where that was measured not to cost words. English, on 180 clips:
+    /// 0.108 at 15 s against 0.127 whole and 0.119 for faster-whisper; French failed the speech
+    /// tests' gate cut (0.949-0.974 against faster-whisper's 0.897), so it stays whole
+    /// (`kazeia_speech::whisper::PARTIAL_MARGIN`). Each must be in `languages` (when that is
+    /// not empty) or be `language`. `[]`: every turn transcript whole.
+    pub cut_languages: Vec<String>,
     /// Whisper's no-speech probability over which a transcript decoded with little confidence
     /// (mean log-probability under -1) is `no_speech` instead (openai-whisper's rule and
     /// default, 0.6); 1 turns it off.
@@ -335,6 +343,9 @@ impl Default for SpeechConfig {
             vad_silence: Duration::from_millis(500),
             vad_quiet: kazeia_speech::vad::VadParams::default().quiet,
             partial_margin: Duration::from_millis(10 * kazeia_speech::whisper::PARTIAL_MARGIN as u64),
+            // bench-voice on an AVX2-only EPYC, where the whole window's encoder takes ~630 ms:
+            // STT after the end of the turn 508 ms whole, 205 cut (p50 1864 -> 1423 ms).
+            cut_languages: vec!["en".into()],
             turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
             // Pipecat's VAD stop with Smart Turn (it was 0.8 s before the model).
             turn_pause: Duration::from_millis(200),
@@ -613,6 +624,17 @@ impl Config {
                 "[speech]: key `partial_margin` must be from 5s to 30s".into(),
             ));
         }
+        if let Some(l) = sp
+            .cut_languages
+            .iter()
+            .find(|l| !sp.languages.is_empty() && !sp.languages.contains(l) && **l != sp.language)
+        {
+            let at = text.find("cut_languages").or_else(|| text.find("[speech"));
+            return Err(invalid(
+                line_of(text, at.unwrap_or(0)),
+                format!("[speech]: key `cut_languages`: {l:?} is neither in `languages` nor `language`"),
+            ));
+        }
         if !(0.0..1.0).contains(&sp.vad_quiet) {
             let at = text.find("vad_quiet").or_else(|| text.find("[speech"));
             return Err(invalid(line_of(text, at.unwrap_or(0)), "[speech]: key `vad_quiet` must be in [0, 1)".into()));
@@ -728,6 +750,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("twice"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\ncut_languages = [\"english\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("models.toml:5:") && e.contains("cut_languages") && e.contains("english"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\npartial_margin = \"31s\"\n")
             .unwrap_err()
             .to_string();

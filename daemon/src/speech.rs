@@ -20,6 +20,7 @@ pub fn stt_params(config: &Config) -> SttParams {
         vad_silence: s.vad_silence,
         vad_quiet: s.vad_quiet,
         partial_margin: s.partial_margin,
+        cut_languages: s.cut_languages.clone(),
         languages: s.languages.clone(),
     }
 }

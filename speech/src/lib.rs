@@ -34,6 +34,8 @@ pub struct Transcriber {
     /// Frames of silence after the audio in a partial transcript's window
     /// ([`Transcriber::transcribe_partial_until`]).
     pub partial_margin: usize,
+    /// Languages whose turn transcripts run on a partial's window too ([`SttParams`]).
+    pub cut_languages: Vec<String>,
 }
 
 /// Where the STT models are and how they run.
@@ -52,6 +54,10 @@ pub struct SttParams {
     /// Silence after the audio in a partial transcript's Whisper window (see
     /// [`whisper::PARTIAL_MARGIN`]).
     pub partial_margin: Duration,
+    /// Languages whose turn transcripts ([`Transcriber::transcribe`],
+    /// [`Transcriber::transcribe_until`]) run on a partial's window too, when the language is
+    /// given or is the one detected last; the others run the whole 30 s window.
+    pub cut_languages: Vec<String>,
     /// Languages detection chooses among (empty: any of Whisper's).
     pub languages: Vec<String>,
 }
@@ -63,7 +69,13 @@ impl Transcriber {
         let whisper = Whisper::load(&p.whisper_dir, p.threads, p.backend)?;
         // Frames of 10 ms (the log-mel's hop).
         let partial_margin = (p.partial_margin.as_millis() / 10) as usize;
-        Ok(Transcriber { vad, whisper, candidates: p.languages.clone(), partial_margin })
+        Ok(Transcriber {
+            vad,
+            whisper,
+            candidates: p.languages.clone(),
+            partial_margin,
+            cut_languages: p.cut_languages.clone(),
+        })
     }
 
     /// Windows of at most 30 s, cut between the VAD's utterances (one utterance longer than
@@ -88,6 +100,7 @@ impl Transcriber {
         Ok(out)
     }
 
+    /// A turn's transcript, on the window [`Transcriber::turn_margin`] says.
     /// `hint`: the token ids of an earlier transcript of the same speech ([`Transcript::ids`]),
     /// or none: the decoder's guess, which gives the same text in fewer calls (see
     /// [`Whisper::transcribe_window`]).
@@ -98,7 +111,7 @@ impl Transcriber {
         hint: &[u32],
         cancel: &dyn Fn() -> bool,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, hint, FULL_WINDOW_MARGIN, cancel, None)
+        self.run(audio, language, hint, true, cancel, None)
     }
 
     /// As [`Transcriber::transcribe`], stopped by `stop` (inside the encoder too).
@@ -109,12 +122,24 @@ impl Transcriber {
         hint: &[u32],
         stop: &Stop,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, hint, FULL_WINDOW_MARGIN, &|| stop.is_stopped(), Some(stop))
+        self.run(audio, language, hint, true, &|| stop.is_stopped(), Some(stop))
+    }
+
+    /// The margin of a turn's transcript: a partial's if the language (`language`, else the
+    /// one Whisper detected last: its guess, a user mostly speaks on in one language) is in
+    /// `cut_languages`, else the whole window. A guess the detection proves wrong runs the
+    /// window again whole ([`Transcriber::run`]).
+    pub fn turn_margin(&self, language: Option<&str>) -> usize {
+        match language.or_else(|| self.whisper.last_language()) {
+            Some(l) if self.cut_languages.iter().any(|c| c == l) => self.partial_margin,
+            _ => FULL_WINDOW_MARGIN,
+        }
     }
 
     /// As [`Transcriber::transcribe_until`], for a partial transcript (the words so far while
     /// the user speaks, never the turn's own): Whisper's window is the audio and
-    /// `partial_margin`, not 30 s ([`whisper::PARTIAL_MARGIN`] says why only partials).
+    /// `partial_margin`, not 30 s, whatever the language ([`whisper::PARTIAL_MARGIN`] says why
+    /// a turn's transcript is cut only in `cut_languages`).
     pub fn transcribe_partial_until(
         &mut self,
         audio: &[f32],
@@ -122,16 +147,17 @@ impl Transcriber {
         hint: &[u32],
         stop: &Stop,
     ) -> Result<Transcript, SpeechError> {
-        self.run(audio, language, hint, self.partial_margin, &|| stop.is_stopped(), Some(stop))
+        self.run(audio, language, hint, false, &|| stop.is_stopped(), Some(stop))
     }
 
-    /// `margin`: frames of silence after the audio in Whisper's window.
+    /// `turn`: the transcript a turn answers (its window: [`Transcriber::turn_margin`]), else a
+    /// partial (`partial_margin`).
     fn run(
         &mut self,
         audio: &[f32],
         language: Option<&str>,
         hint: &[u32],
-        margin: usize,
+        turn: bool,
         cancel: &dyn Fn() -> bool,
         stop: Option<&Stop>,
     ) -> Result<Transcript, SpeechError> {
@@ -155,7 +181,8 @@ impl Transcriber {
             }
             // The hint starts where the audio does: later windows would only guess its start.
             let hint = if i == 0 { hint } else { &[] };
-            let t = self.whisper.transcribe_window(
+            let margin = if turn { self.turn_margin(lang.as_deref()) } else { self.partial_margin };
+            let mut t = self.whisper.transcribe_window(
                 &audio[w.start..w.end],
                 lang.as_deref(),
                 &self.candidates,
@@ -164,6 +191,28 @@ impl Transcriber {
                 cancel,
                 stop.map(Stop::options),
             )?;
+            // A turn's window cut on the language detected last, which this audio proved wrong
+            // (the user went on in French): again on the whole window, in the language found,
+            // so no turn in another language is answered from a cut window. A switch pays one
+            // cut run more.
+            if turn && lang.is_none() && margin != FULL_WINDOW_MARGIN && !self.cut_languages.contains(&t.language) {
+                if cancel() {
+                    break;
+                }
+                let cut = t;
+                t = self.whisper.transcribe_window(
+                    &audio[w.start..w.end],
+                    Some(&cut.language),
+                    &self.candidates,
+                    hint,
+                    FULL_WINDOW_MARGIN,
+                    cancel,
+                    stop.map(Stop::options),
+                )?;
+                t.encoder_ms += cut.encoder_ms;
+                t.decoder_ms += cut.decoder_ms;
+                t.decoder_calls += cut.decoder_calls;
+            }
             lang.get_or_insert(t.language.clone());
             if !all.text.is_empty() && !t.text.is_empty() {
                 all.text.push(' ');

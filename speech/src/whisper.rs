@@ -50,9 +50,9 @@ const MAX_GUESS: usize = 24;
 /// (in steps of 1 s, at most 30 s). A 3 s utterance runs an 18 s window, its encoder 96-104 ms
 /// instead of 214-249 for the whole 30 s window here (int8, 2 threads), and the decoder's
 /// cross-attention shrinks alike. The graph slices its positional embedding to the input's
-/// length, as whisper.cpp's `audio_ctx` does. Only partials (drafts while the user speaks, shown
-/// and prefilled ahead, never the turn's transcript): the turn's own transcript keeps the whole
-/// window ([`FULL_WINDOW_MARGIN`]). Word errors at 30 / 20 / 15 / 12 s of margin
+/// length, as whisper.cpp's `audio_ctx` does. Partials (drafts while the user speaks, shown
+/// and prefilled ahead), and the turn's own transcript only in `[speech] cut_languages`
+/// (English); else it keeps the whole window ([`FULL_WINDOW_MARGIN`]). Word errors at 30 / 20 / 15 / 12 s of margin
 /// (`tools/bench-stt --margins`: 37 English sentences by the Piper voice and by espeak-ng, 16
 /// French by espeak-ng, each clean and under noise, the language detected as partials have
 /// it): English 0.127 / 0.115 / 0.110 / 0.120, French 0.935 / 1.050 / 1.080 / 0.947, encoder
@@ -69,8 +69,10 @@ const MAX_GUESS: usize = 24;
 /// 0.127 / 0.119), which would pass in English; but the speech tests' French gate (espeak-ng's
 /// 5 sentences, ours within +0.02 of faster-whisper's 0.897) failed with the turn's transcript
 /// cut: 0.974 at 15 s, 0.949 at 20 s and even at 25 s (a 28 s window for a 3 s clip): on speech
-/// Whisper base barely follows, any change of window changes the words. So whole windows.
-/// Under 12 s errors rise everywhere (10 s: French
+/// Whisper base barely follows, any change of window changes the words. So whole windows for
+/// French; English turn transcripts run cut (`[speech] cut_languages`, session 20: bench-voice
+/// on that EPYC, STT after the end of the turn 508 -> 205 ms, p50 1864 -> 1423 ms with every
+/// language cut). Under 12 s errors rise everywhere (10 s: French
 /// +0.06 on 84 clips; 0.7-2 s turned the voice test's "capital of France" to "friends").
 pub const PARTIAL_MARGIN: usize = 1500;
 /// A margin that always gives the whole 30 s window: the default.
@@ -200,6 +202,11 @@ impl Whisper {
             batched,
             last_language: None,
         })
+    }
+
+    /// The language the last detection found (Whisper's code), if any.
+    pub fn last_language(&self) -> Option<&str> {
+        self.last_language.map(|l| self.meta.languages[l].as_str())
     }
 
     /// Frames the encoder runs on for `samples`: the audio's and `margin` (frames of silence

@@ -69,6 +69,8 @@ fn language_is_detected_among_the_configured_ones() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = cfg();
     let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
+    // Every window whole first (`cut_languages` is below).
+    stt.cut_languages.clear();
     let en = speak(voice_for(&c, "en").unwrap().as_mut(), ENGLISH[0]);
     let fr = speak(voice_for(&c, "fr").unwrap().as_mut(), FRENCH[2]);
     // Detection guesses the language it found last: first no guess, then a wrong one, then a
@@ -87,6 +89,17 @@ fn language_is_detected_among_the_configured_ones() {
     let again = stt.transcribe(&en, Some("en"), &[], &|| false).unwrap();
     assert_eq!(first.decoder_calls, again.decoder_calls + 1, "{first:?}");
     assert_eq!(first.text, again.text);
+
+    // English cut (the default): French after English is guessed English, so its window is
+    // cut; the detection finds French and the window runs again whole, in French.
+    stt.cut_languages = vec!["en".into()];
+    let guessed_french = stt.transcribe(&en, None, &[], &|| false).unwrap();
+    assert_eq!((guessed_french.language.as_str(), guessed_french.frames), ("en", 3000));
+    let english = stt.transcribe(&en, None, &[], &|| false).unwrap();
+    assert!(english.frames < 3000, "{english:?}");
+    let switched = stt.transcribe(&fr, None, &[], &|| false).unwrap();
+    assert_eq!((switched.language.as_str(), switched.frames, &switched.text), ("fr", 3000, &given.text));
+    assert!(switched.decoder_calls > given.decoder_calls, "{switched:?}");
 }
 
 #[test]
@@ -501,10 +514,10 @@ fn a_hint_saves_decoder_calls_and_never_changes_the_transcript() {
 }
 
 /// A partial transcript (the words so far, while the user speaks) runs Whisper on the audio and
-/// `[speech] partial_margin` (15 s) of padding; the turn's own transcript keeps the whole 30 s
-/// window, which the speech tests' word errors were measured on (a cut window missed 3-5 more
-/// words of them: `kazeia_speech::whisper::PARTIAL_MARGIN`). The first run after a load is
-/// whole whatever it is (ONNX Runtime's arena: tests/speech_memory_stt.rs).
+/// `[speech] partial_margin` (15 s) of padding; the turn's own transcript runs that window too
+/// in `[speech] cut_languages` (English), the whole 30 s window in the others (French: cut, it
+/// failed the French word-error gate: `kazeia_speech::whisper::PARTIAL_MARGIN`). The first run
+/// after a load is whole whatever it is (ONNX Runtime's arena: tests/speech_memory_stt.rs).
 #[test]
 fn partial_transcripts_run_a_window_cut_to_the_audio() {
     use kazeia_daemon::speech::whisper::PARTIAL_MARGIN;
@@ -517,8 +530,6 @@ fn partial_transcripts_run_a_window_cut_to_the_audio() {
     assert!(clip.len() >= 2 * 16_000, "{} samples", clip.len());
     let first = stt.transcribe_partial_until(&clip, Some("en"), &[], &stop).unwrap();
     assert_eq!(first.frames, 3000, "the first run after a load is whole");
-    let whole = stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap();
-    assert_eq!(whole.frames, 3000);
     let partial = stt.transcribe_partial_until(&clip, Some("en"), &[], &stop).unwrap();
     // Frames of 10 ms: the audio's and the margin, rounded up to a whole second.
     let cut = (clip.len().div_ceil(160) + PARTIAL_MARGIN).div_ceil(100) * 100;
@@ -526,8 +537,22 @@ fn partial_transcripts_run_a_window_cut_to_the_audio() {
     assert_eq!(partial.frames, cut);
     let (e, n) = word_errors(ENGLISH[1], &partial.text);
     assert!(e * 5 <= n, "{e}/{n}: {:?}", partial.text);
-    let again = stt.transcribe_until(&clip, Some("en"), &[], &stop).unwrap();
-    assert_eq!((again.frames, &again.text), (3000, &whole.text), "the turn's transcript is whole again");
+
+    // The turn's transcript: cut in English, given or guessed from the last detection.
+    assert_eq!(stt.cut_languages, ["en"]);
+    let turn = stt.transcribe_until(&clip, Some("en"), &[], &stop).unwrap();
+    assert_eq!((turn.frames, &turn.text), (cut, &partial.text), "an English turn's transcript is cut");
+    assert_eq!(stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap().frames, cut);
+    let first_detection = stt.transcribe_until(&clip, None, &[], &stop).unwrap();
+    assert_eq!((first_detection.frames, first_detection.language.as_str()), (3000, "en"), "nothing detected yet");
+    assert_eq!(stt.transcribe_until(&clip, None, &[], &stop).unwrap().frames, cut, "English detected last");
+    // French: whole.
+    let french = speak(voice_for(&c, "fr").unwrap().as_mut(), FRENCH[0]);
+    assert_eq!(stt.transcribe_until(&french, Some("fr"), &[], &stop).unwrap().frames, 3000);
+    assert_eq!(stt.transcribe(&french, Some("fr"), &[], &|| false).unwrap().frames, 3000);
+    // `cut_languages = []`: every turn transcript whole.
+    stt.cut_languages.clear();
+    assert_eq!(stt.transcribe_until(&clip, Some("en"), &[], &stop).unwrap().frames, 3000);
     // Audio of 15 s and more: the whole window for partials too.
     let long: Vec<f32> = [clip.clone(), silence(13.0)].concat();
     assert_eq!(stt.transcribe_partial_until(&long, Some("en"), &[], &stop).unwrap().frames, 3000);
