@@ -292,14 +292,19 @@ pub struct SpeechConfig {
     /// cores, not a draft).
     #[serde(deserialize_with = "de_duration")]
     pub partial_margin: Duration,
-    /// Languages whose turn transcript (the one the Thinker answers) runs on the window of a
-    /// partial (`partial_margin`) instead of the whole 30 s, when the language is given or was
+    /// Languages whose turn transcript (the one the Thinker answers) runs on a window cut to
+    /// the audio and `turn_margin` instead of the whole 30 s, when the language is given or was
     /// the last one detected: where that was measured not to cost words. English, on 180 clips:
     /// 0.108 at 15 s against 0.127 whole and 0.119 for faster-whisper; French failed the speech
     /// tests' gate cut (0.949-0.974 against faster-whisper's 0.897), so it stays whole
     /// (`kazeia_speech::whisper::PARTIAL_MARGIN`). Each must be in `languages` (when that is
     /// not empty) or be `language`. `[]`: every turn transcript whole.
     pub cut_languages: Vec<String>,
+    /// Silence after the audio in the window of a turn transcript in `cut_languages`
+    /// (`kazeia_speech::whisper::TURN_MARGIN`, 20 s: 15 s turned a test's "France" into
+    /// "friends"). From 5 s to 30 s.
+    #[serde(deserialize_with = "de_duration")]
+    pub turn_margin: Duration,
     /// Whisper's no-speech probability over which a transcript decoded with little confidence
     /// (mean log-probability under -1) is `no_speech` instead (openai-whisper's rule and
     /// default, 0.6); 1 turns it off.
@@ -346,6 +351,7 @@ impl Default for SpeechConfig {
             // bench-voice on an AVX2-only EPYC, where the whole window's encoder takes ~630 ms:
             // STT after the end of the turn 508 ms whole, 205 cut (p50 1864 -> 1423 ms).
             cut_languages: vec!["en".into()],
+            turn_margin: Duration::from_millis(10 * kazeia_speech::whisper::TURN_MARGIN as u64),
             turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
             // Pipecat's VAD stop with Smart Turn (it was 0.8 s before the model).
             turn_pause: Duration::from_millis(200),
@@ -617,12 +623,14 @@ impl Config {
                 "[speech]: key `no_speech_threshold` must be in (0, 1]".into(),
             ));
         }
-        if !(Duration::from_secs(5)..=Duration::from_secs(30)).contains(&sp.partial_margin) {
-            let at = text.find("partial_margin").or_else(|| text.find("[speech"));
-            return Err(invalid(
-                line_of(text, at.unwrap_or(0)),
-                "[speech]: key `partial_margin` must be from 5s to 30s".into(),
-            ));
+        for (key, margin) in [("partial_margin", sp.partial_margin), ("turn_margin", sp.turn_margin)] {
+            if !(Duration::from_secs(5)..=Duration::from_secs(30)).contains(&margin) {
+                let at = text.find(key).or_else(|| text.find("[speech"));
+                return Err(invalid(
+                    line_of(text, at.unwrap_or(0)),
+                    format!("[speech]: key `{key}` must be from 5s to 30s"),
+                ));
+            }
         }
         if let Some(l) = sp
             .cut_languages
@@ -754,6 +762,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("models.toml:5:") && e.contains("cut_languages") && e.contains("english"), "{e}");
+        let e =
+            parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nturn_margin = \"4s\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:5:") && e.contains("turn_margin"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\npartial_margin = \"31s\"\n")
             .unwrap_err()
             .to_string();

@@ -21,6 +21,7 @@ pub fn stt_params(config: &Config) -> SttParams {
         vad_quiet: s.vad_quiet,
         partial_margin: s.partial_margin,
         cut_languages: s.cut_languages.clone(),
+        turn_margin: s.turn_margin,
         languages: s.languages.clone(),
     }
 }

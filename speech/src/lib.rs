@@ -34,8 +34,10 @@ pub struct Transcriber {
     /// Frames of silence after the audio in a partial transcript's window
     /// ([`Transcriber::transcribe_partial_until`]).
     pub partial_margin: usize,
-    /// Languages whose turn transcripts run on a partial's window too ([`SttParams`]).
+    /// Languages whose turn transcripts run on a cut window ([`SttParams`]).
     pub cut_languages: Vec<String>,
+    /// Frames of silence after the audio in that window ([`whisper::TURN_MARGIN`]).
+    pub turn_margin: usize,
 }
 
 /// Where the STT models are and how they run.
@@ -55,9 +57,12 @@ pub struct SttParams {
     /// [`whisper::PARTIAL_MARGIN`]).
     pub partial_margin: Duration,
     /// Languages whose turn transcripts ([`Transcriber::transcribe`],
-    /// [`Transcriber::transcribe_until`]) run on a partial's window too, when the language is
-    /// given or is the one detected last; the others run the whole 30 s window.
+    /// [`Transcriber::transcribe_until`]) run on a window cut to the audio and `turn_margin`,
+    /// when the language is given or is the one detected last; the others run the whole 30 s
+    /// window.
     pub cut_languages: Vec<String>,
+    /// See [`whisper::TURN_MARGIN`].
+    pub turn_margin: Duration,
     /// Languages detection chooses among (empty: any of Whisper's).
     pub languages: Vec<String>,
 }
@@ -75,6 +80,7 @@ impl Transcriber {
             candidates: p.languages.clone(),
             partial_margin,
             cut_languages: p.cut_languages.clone(),
+            turn_margin: (p.turn_margin.as_millis() / 10) as usize,
         })
     }
 
@@ -100,7 +106,7 @@ impl Transcriber {
         Ok(out)
     }
 
-    /// A turn's transcript, on the window [`Transcriber::turn_margin`] says.
+    /// A turn's transcript, on the window [`Transcriber::turn_window_margin`] says.
     /// `hint`: the token ids of an earlier transcript of the same speech ([`Transcript::ids`]),
     /// or none: the decoder's guess, which gives the same text in fewer calls (see
     /// [`Whisper::transcribe_window`]).
@@ -125,13 +131,13 @@ impl Transcriber {
         self.run(audio, language, hint, true, &|| stop.is_stopped(), Some(stop))
     }
 
-    /// The margin of a turn's transcript: a partial's if the language (`language`, else the
+    /// The margin of a turn's transcript: `turn_margin` if the language (`language`, else the
     /// one Whisper detected last: its guess, a user mostly speaks on in one language) is in
     /// `cut_languages`, else the whole window. A guess the detection proves wrong runs the
     /// window again whole ([`Transcriber::run`]).
-    pub fn turn_margin(&self, language: Option<&str>) -> usize {
+    pub fn turn_window_margin(&self, language: Option<&str>) -> usize {
         match language.or_else(|| self.whisper.last_language()) {
-            Some(l) if self.cut_languages.iter().any(|c| c == l) => self.partial_margin,
+            Some(l) if self.cut_languages.iter().any(|c| c == l) => self.turn_margin,
             _ => FULL_WINDOW_MARGIN,
         }
     }
@@ -150,7 +156,7 @@ impl Transcriber {
         self.run(audio, language, hint, false, &|| stop.is_stopped(), Some(stop))
     }
 
-    /// `turn`: the transcript a turn answers (its window: [`Transcriber::turn_margin`]), else a
+    /// `turn`: the transcript a turn answers (its window: [`Transcriber::turn_window_margin`]), else a
     /// partial (`partial_margin`).
     fn run(
         &mut self,
@@ -181,7 +187,7 @@ impl Transcriber {
             }
             // The hint starts where the audio does: later windows would only guess its start.
             let hint = if i == 0 { hint } else { &[] };
-            let margin = if turn { self.turn_margin(lang.as_deref()) } else { self.partial_margin };
+            let margin = if turn { self.turn_window_margin(lang.as_deref()) } else { self.partial_margin };
             let mut t = self.whisper.transcribe_window(
                 &audio[w.start..w.end],
                 lang.as_deref(),

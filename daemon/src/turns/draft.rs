@@ -12,8 +12,8 @@
 //! `[speech] partial_margin` (15 s: a 3 s utterance's encoder 96-104 ms against 214-249, less
 //! of the cores taken from the prefills ahead while the user speaks); a draft that may be the
 //! turn's transcript (at a pause, or `draft_ahead` into a silence) runs the turn's window: the
-//! whole 30 s, or the partial's in `[speech] cut_languages` (English: on an AVX2-only EPYC the
-//! whole window's encoder took ~630 ms, and STT after the end of the turn fell 508 -> 205 ms).
+//! whole 30 s, or one cut to the audio and `[speech] turn_margin` (20 s) in `cut_languages`
+//! (English: on an AVX2-only EPYC the whole window's encoder takes ~630 ms).
 
 use std::sync::mpsc;
 use std::sync::Arc;
