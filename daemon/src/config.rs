@@ -285,11 +285,11 @@ pub struct SpeechConfig {
     /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
     #[serde(deserialize_with = "de_duration")]
     pub turn_max_silence: Duration,
-    /// Silence after the audio in the Whisper window of a partial transcript, and of the turn's
-    /// own in `cut_languages` (at most 30 s in all): the encoder's time follows the window
-    /// (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole windows
-    /// always. From 5 s to 30 s (under 5 s Whisper loops or ends sentences early: wasted
-    /// cores, not a draft).
+    /// Silence after the audio in the Whisper window of a partial transcript (at most 30 s in
+    /// all; a turn's transcript: `cut_languages`, `turn_margin`): the encoder's time follows the
+    /// window (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole
+    /// windows for partials. From 5 s to 30 s (under 5 s Whisper loops or ends sentences early:
+    /// wasted cores, not a draft).
     #[serde(deserialize_with = "de_duration")]
     pub partial_margin: Duration,
     /// Languages whose turn transcript (the one the Thinker answers) runs on a window cut to
@@ -348,8 +348,9 @@ impl Default for SpeechConfig {
             vad_silence: Duration::from_millis(500),
             vad_quiet: kazeia_speech::vad::VadParams::default().quiet,
             partial_margin: Duration::from_millis(10 * kazeia_speech::whisper::PARTIAL_MARGIN as u64),
-            // bench-voice on an AVX2-only EPYC, where the whole window's encoder takes ~630 ms:
-            // STT after the end of the turn 508 ms whole, 205 cut (p50 1864 -> 1423 ms).
+            // bench-voice --reps 2 on an AVX2-only EPYC, where the whole window's encoder takes
+            // ~630 ms: STT after the end of the turn 508 ms (every turn whole, session 19), 289
+            // (English cut to the audio and 20 s, French whole); p50 1864 -> 1729 ms.
             cut_languages: vec!["en".into()],
             turn_margin: Duration::from_millis(10 * kazeia_speech::whisper::TURN_MARGIN as u64),
             turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
@@ -555,7 +556,7 @@ impl Config {
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let invalid = |line, message: String| ConfigError::Invalid { path: path.into(), line, message };
-        let raw: RawFile = toml::from_str(text).map_err(|e| {
+        let mut raw: RawFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(text, s.start));
             // Name the key when the error points at a `key = value` line.
             let key = text
@@ -615,6 +616,19 @@ impl Config {
         if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
+        // `cut_languages` as written is checked; the default's languages a config does not
+        // speak (`languages = ["fr"]`) are dropped, not an error on a key nobody wrote.
+        let cut_written = toml::from_str::<toml::Table>(text)
+            .ok()
+            .and_then(|t| t.get("speech")?.as_table().map(|s| s.contains_key("cut_languages")))
+            .unwrap_or(false);
+        let spoken =
+            |sp: &SpeechConfig, l: &String| sp.languages.is_empty() || sp.languages.contains(l) || *l == sp.language;
+        if !cut_written {
+            let keep: Vec<String> =
+                raw.speech.cut_languages.iter().filter(|l| spoken(&raw.speech, l)).cloned().collect();
+            raw.speech.cut_languages = keep;
+        }
         let sp = &raw.speech;
         if !(sp.no_speech_threshold > 0.0 && sp.no_speech_threshold <= 1.0) {
             let at = text.find("no_speech_threshold").or_else(|| text.find("[speech"));
@@ -632,15 +646,13 @@ impl Config {
                 ));
             }
         }
-        if let Some(l) = sp
-            .cut_languages
-            .iter()
-            .find(|l| !sp.languages.is_empty() && !sp.languages.contains(l) && **l != sp.language)
-        {
+        // A Whisper language code (`en`, `haw`), spoken by the config.
+        let code = |l: &String| (2..=3).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_lowercase());
+        if let Some(l) = sp.cut_languages.iter().find(|l| !code(l) || !spoken(sp, l)) {
             let at = text.find("cut_languages").or_else(|| text.find("[speech"));
             return Err(invalid(
                 line_of(text, at.unwrap_or(0)),
-                format!("[speech]: key `cut_languages`: {l:?} is neither in `languages` nor `language`"),
+                format!("[speech]: key `cut_languages`: {l:?} is not a language code in `languages` or `language`"),
             ));
         }
         if !(0.0..1.0).contains(&sp.vad_quiet) {
@@ -762,6 +774,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("models.toml:5:") && e.contains("cut_languages") && e.contains("english"), "{e}");
+        let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nlanguages = []\ncut_languages = [\"EN\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("models.toml:6:") && e.contains("\"EN\""), "{e}");
+        // The default's English is dropped where English is not spoken, not an error.
+        let c = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nlanguages = [\"fr\"]\n").unwrap();
+        assert!(c.speech.cut_languages.is_empty(), "{:?}", c.speech.cut_languages);
+        assert_eq!(parse("").unwrap().speech.cut_languages, ["en"]);
         let e =
             parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nturn_margin = \"4s\"\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:5:") && e.contains("turn_margin"), "{e}");

@@ -200,12 +200,15 @@ impl Transcriber {
             // A turn's window cut on the language detected last, which this audio proved wrong
             // (the user went on in French): again on the whole window, in the language found,
             // so no turn in another language is answered from a cut window. A switch pays one
-            // cut run more.
-            if turn && lang.is_none() && margin != FULL_WINDOW_MARGIN && !self.cut_languages.contains(&t.language) {
+            // cut run more. (A window the cut margin left whole, 10 s of audio and more, stands.)
+            let whole = self.whisper.window_frames(w.end - w.start, FULL_WINDOW_MARGIN);
+            if turn && lang.is_none() && t.frames < whole && !self.cut_languages.contains(&t.language) {
                 if cancel() {
                     break;
                 }
                 let cut = t;
+                // The cut run's words, as a guess, unless the caller gave a hint.
+                let hint = if hint.is_empty() { &cut.ids[..] } else { hint };
                 t = self.whisper.transcribe_window(
                     &audio[w.start..w.end],
                     Some(&cut.language),

@@ -50,9 +50,9 @@ const MAX_GUESS: usize = 24;
 /// (in steps of 1 s, at most 30 s). A 3 s utterance runs an 18 s window, its encoder 96-104 ms
 /// instead of 214-249 for the whole 30 s window here (int8, 2 threads), and the decoder's
 /// cross-attention shrinks alike. The graph slices its positional embedding to the input's
-/// length, as whisper.cpp's `audio_ctx` does. Partials (drafts while the user speaks, shown
-/// and prefilled ahead), and the turn's own transcript only in `[speech] cut_languages`
-/// (English); else it keeps the whole window ([`FULL_WINDOW_MARGIN`]). Word errors at 30 / 20 / 15 / 12 s of margin
+/// length, as whisper.cpp's `audio_ctx` does. Partials only (drafts while the user speaks, shown
+/// and prefilled ahead): a turn's own transcript is cut to [`TURN_MARGIN`] in `[speech]
+/// cut_languages` (English), else whole ([`FULL_WINDOW_MARGIN`]). Word errors at 30 / 20 / 15 / 12 s of margin
 /// (`tools/bench-stt --margins`: 37 English sentences by the Piper voice and by espeak-ng, 16
 /// French by espeak-ng, each clean and under noise, the language detected as partials have
 /// it): English 0.127 / 0.115 / 0.110 / 0.120, French 0.935 / 1.050 / 1.080 / 0.947, encoder
@@ -123,7 +123,8 @@ pub struct Transcript {
     /// guess ([`Whisper::transcribe_window`]'s `hint`).
     #[serde(skip)]
     pub ids: Vec<u32>,
-    /// The encoder's windows, in frames of 10 ms (summed over the windows of audio over 30 s).
+    /// The encoder's windows, in frames of 10 ms (summed over the windows of audio over 30 s; a
+    /// window transcribed again whole counts its whole window, while `encoder_ms` has both runs).
     #[serde(skip)]
     pub frames: usize,
     /// Decoder runs made: one for a given or rightly guessed language's prompt (two when the
@@ -216,7 +217,7 @@ impl Whisper {
     }
 
     /// Frames the encoder runs on for `samples`: the audio's and `margin` (frames of silence
-    /// after it: [`FULL_WINDOW_MARGIN`], or [`PARTIAL_MARGIN`] for a partial transcript), in
+    /// after it: [`FULL_WINDOW_MARGIN`], [`TURN_MARGIN`] or [`PARTIAL_MARGIN`]), in
     /// steps of 1 s, at most 30 s; always 30 s for an encoder converted with a fixed input, and
     /// until a whole window has run (`whole_seen`).
     pub fn window_frames(&self, samples: usize, margin: usize) -> usize {

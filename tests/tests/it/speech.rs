@@ -514,9 +514,10 @@ fn a_hint_saves_decoder_calls_and_never_changes_the_transcript() {
 }
 
 /// A partial transcript (the words so far, while the user speaks) runs Whisper on the audio and
-/// `[speech] partial_margin` (15 s) of padding; the turn's own transcript runs that window too
-/// in `[speech] cut_languages` (English), the whole 30 s window in the others (French: cut, it
-/// failed the French word-error gate: `kazeia_speech::whisper::PARTIAL_MARGIN`). The first run
+/// `[speech] partial_margin` (15 s) of padding; the turn's own transcript runs on the audio and
+/// `[speech] turn_margin` (20 s) in `[speech] cut_languages` (English), on the whole 30 s window
+/// in the others (French: cut, it failed the French word-error gate:
+/// `kazeia_speech::whisper::PARTIAL_MARGIN`). The first run
 /// after a load is whole whatever it is (ONNX Runtime's arena: tests/speech_memory_stt.rs).
 #[test]
 fn partial_transcripts_run_a_window_cut_to_the_audio() {
