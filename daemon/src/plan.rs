@@ -126,7 +126,9 @@ pub fn speech_plans(config: &Config) -> Vec<ModelPlan> {
     stack.extend(s.turn_model().map(|t| config.cache_path(t)));
     let mut rows = vec![("stt", stack, OnnxKind::Stt)];
     for voice in s.voices.values().filter(|v| !v.starts_with("espeak:")) {
-        rows.push(("tts", vec![config.cache_path(Path::new(voice))], OnnxKind::Tts));
+        let path = config.cache_path(Path::new(voice));
+        let kind = if kazeia_speech::tts::split_in_use(&path) { OnnxKind::TtsSplit } else { OnnxKind::Tts };
+        rows.push(("tts", vec![path], kind));
     }
     rows.into_iter()
         .map(|(role, files, kind)| {

@@ -17,13 +17,19 @@
 //!   system allocator's pages varied with Piper's sampled noise. The older 1.6–2.4 (estimate
 //!   2.5) was measured after the STT in the same process: the voice reused the pages the STT
 //!   had freed.
+//! - TTS split (the same voice with `tools/piper-split`'s two graphs, its vocoder run on pieces
+//!   of at most half a run's frames): 2.37–2.43 measured, as above (the whole graph's vocoder
+//!   held a whole run's audio at each of its layers). The file counted is the voice's own.
 //!
 //! Rounded up, so that the estimate is never below.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnnxKind {
     Stt,
+    /// A Piper voice run whole (no split beside it).
     Tts,
+    /// A Piper voice run split (front and vocoder, the vocoder on pieces).
+    TtsSplit,
 }
 
 impl OnnxKind {
@@ -31,6 +37,7 @@ impl OnnxKind {
         match self {
             OnnxKind::Stt => 2.2,
             OnnxKind::Tts => 3.6,
+            OnnxKind::TtsSplit => 2.9,
         }
     }
 }
@@ -45,5 +52,6 @@ mod tests {
     fn factors_apply() {
         assert_eq!(super::estimate_onnx(1000, super::OnnxKind::Stt), 2200);
         assert_eq!(super::estimate_onnx(1000, super::OnnxKind::Tts), 3600);
+        assert_eq!(super::estimate_onnx(1000, super::OnnxKind::TtsSplit), 2900);
     }
 }

@@ -14,7 +14,7 @@ pub mod whisper;
 use std::time::Duration;
 
 pub use runtime::{placement, Placement, SpeechError, Stop};
-pub use tts::{Espeak, Piper, Voice};
+pub use tts::{Espeak, Piper, Voice, FIRST_PIECE_FRAMES};
 pub use turn::EndOfTurn;
 pub use vad::{Segment, Vad, VadEvent, VadParams};
 use whisper::FULL_WINDOW_MARGIN;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ndarray::{Array1, Array2};
+use ndarray::{s, Array1, Array2, Ix3};
 use ort::session::Session;
 use ort::value::TensorRef;
 
@@ -176,22 +176,87 @@ fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<Str
     pieces
 }
 
+/// The voice's graph: whole, or split by `tools/piper-split` into the front (text encoder,
+/// durations, flow: phoneme ids -> latent frames) and the vocoder (latent frames -> samples),
+/// which is convolutions only, so pieces of the frames with `context` frames either side give
+/// the whole graph's samples. The split's first piece of audio leaves after the front and a
+/// short vocoder run: on a 2.6 s clause (2 threads, here) the whole graph took 168 ms, the front
+/// 54, the vocoder 96 and its first 24 frames (0.28 s) with their context 19.
+enum Graph {
+    Whole(Session),
+    Split { front: Session, decoder: Session, context: usize },
+}
+
+/// What `tools/piper-split` writes beside its graphs.
+#[derive(serde::Deserialize)]
+struct SplitMeta {
+    /// The voice file's size when it was split: another file means a stale split.
+    source_bytes: u64,
+    /// The vocoder's reach, measured by the splitter (16 frames for the joe voice).
+    context_frames: usize,
+}
+
+/// The vocoder's first piece, in latent frames (~0.28 s at the joe voice's 256 samples a frame
+/// and 22,050 Hz); each next piece twice the last, so a clause of 2 s is 3 pieces and the
+/// context's extra work stays under half the vocoder's.
+pub const FIRST_PIECE_FRAMES: usize = 24;
+
+/// The pieces of `frames` latent frames: (start, end) of each, the first
+/// [`FIRST_PIECE_FRAMES`], each next twice as long, covering all of them in order.
+pub fn pieces(frames: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let (mut pos, mut size) = (0, FIRST_PIECE_FRAMES);
+    while pos < frames {
+        let end = frames.min(pos + size);
+        out.push((pos, end));
+        pos = end;
+        size *= 2;
+    }
+    out
+}
+
 pub struct Piper {
-    session: Session,
+    graph: Graph,
     config: PiperConfig,
     path: PathBuf,
     pub placement: Placement,
 }
 
 impl Piper {
-    /// `path` is the .onnx; its `.onnx.json` sits beside it.
+    /// `path` is the .onnx; its `.onnx.json` sits beside it, and `tools/piper-split`'s graphs
+    /// in `<path>.split/` when it was split (then its audio leaves in pieces).
     pub fn load(path: &Path, threads: usize, backend: Backend) -> Result<Piper, SpeechError> {
+        Piper::open(path, threads, backend, true)
+    }
+
+    /// The voice's whole graph, its split ignored (to compare the two).
+    pub fn load_whole(path: &Path, threads: usize, backend: Backend) -> Result<Piper, SpeechError> {
+        Piper::open(path, threads, backend, false)
+    }
+
+    fn open(path: &Path, threads: usize, backend: Backend, split: bool) -> Result<Piper, SpeechError> {
         let json = PathBuf::from(format!("{}.json", path.display()));
         let text = std::fs::read_to_string(&json).map_err(|_| SpeechError::Missing(json.clone()))?;
         let config: PiperConfig =
             serde_json::from_str(&text).map_err(|e| SpeechError::BadModel { path: json, message: e.to_string() })?;
-        let (session, placement) = session(path, threads, backend, Shapes::Fixed)?;
-        Ok(Piper { session, config, path: path.into(), placement })
+        let dir = split_dir(path);
+        let (graph, placement) = match split.then(|| split_meta(path, &dir)).flatten() {
+            Some(meta) => {
+                let (front, placement) = session(&dir.join("front.onnx"), threads, backend, Shapes::Fixed)?;
+                let (decoder, _) = session(&dir.join("decoder.onnx"), threads, backend, Shapes::Fixed)?;
+                (Graph::Split { front, decoder, context: meta.context_frames }, placement)
+            }
+            None => {
+                let (session, placement) = session(path, threads, backend, Shapes::Fixed)?;
+                (Graph::Whole(session), placement)
+            }
+        };
+        Ok(Piper { graph, config, path: path.into(), placement })
+    }
+
+    /// Whether the voice's audio leaves in pieces (its split graphs were found and current).
+    pub fn split(&self) -> bool {
+        matches!(self.graph, Graph::Split { .. })
     }
 
     /// The same audio for the same text every time: the voice's sampled noise (prosody and
@@ -221,33 +286,106 @@ impl Piper {
         ids
     }
 
-    /// A clause's phonemes spoken, each run handed to `each` (false: stop).
+    /// A clause's phonemes spoken, each run (or piece of one) handed to `each` (false: stop).
     fn speak_clause(&mut self, ipa: String, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<bool, SpeechError> {
         for run in runs(&[ipa], MAX_IDS_PER_RUN, |p| self.ids(p).len()) {
-            if !each(self.run(&self.ids(&run))?) {
+            if !self.run(&self.ids(&run), each)? {
                 return Ok(false);
             }
         }
         Ok(true)
     }
 
-    /// One run of the voice on `ids` (at most [`MAX_IDS_PER_RUN`] of them, but for one word).
-    fn run(&mut self, ids: &[i64]) -> Result<Vec<f32>, SpeechError> {
+    /// One run of the voice on `ids` (at most [`MAX_IDS_PER_RUN`] of them, but for one word),
+    /// its audio handed to `each`: whole, or piece by piece with the split graph. False: stop.
+    fn run(&mut self, ids: &[i64], each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<bool, SpeechError> {
         if ids.len() <= 3 {
-            return Ok(Vec::new());
+            return Ok(true);
         }
         let input =
             Array2::from_shape_vec((1, ids.len()), ids.to_vec()).map_err(|e| SpeechError::Run(e.to_string()))?;
         let lengths = Array1::from_elem(1, ids.len() as i64);
         let inf = &self.config.inference;
         let scales = Array1::from_vec(vec![inf.noise_scale, inf.length_scale, inf.noise_w]);
-        let out = self.session.run(ort::inputs![
+        let inputs = ort::inputs![
             "input" => TensorRef::from_array_view(&input)?,
             "input_lengths" => TensorRef::from_array_view(&lengths)?,
             "scales" => TensorRef::from_array_view(&scales)?,
-        ])?;
-        Ok(out["output"].try_extract_array::<f32>()?.iter().copied().collect())
+        ];
+        match &mut self.graph {
+            Graph::Whole(session) => {
+                let out = session.run(inputs)?;
+                Ok(each(out["output"].try_extract_array::<f32>()?.iter().copied().collect()))
+            }
+            Graph::Split { front, decoder, context } => {
+                let out = front.run(inputs)?;
+                let latent =
+                    out["latent"].try_extract_array::<f32>()?.into_dimensionality::<Ix3>().map_err(bad_latent)?;
+                let frames = latent.shape()[2];
+                for (start, end) in pieces(frames) {
+                    let (lo, hi) = (start.saturating_sub(*context), frames.min(end + *context));
+                    // A copy: the frames are the last axis, so a stretch of them is not contiguous.
+                    let piece = latent.slice(s![.., .., lo..hi]).as_standard_layout().into_owned();
+                    let y = decoder.run(ort::inputs!["latent" => TensorRef::from_array_view(&piece)?])?;
+                    let y = y["output"].try_extract_array::<f32>()?;
+                    let samples =
+                        y.as_slice().ok_or_else(|| SpeechError::Run("vocoder output not contiguous".into()))?;
+                    if samples.len() % (hi - lo) != 0 {
+                        return Err(SpeechError::Run(format!(
+                            "vocoder gave {} samples for {} frames",
+                            samples.len(),
+                            hi - lo
+                        )));
+                    }
+                    let hop = samples.len() / (hi - lo);
+                    if !each(samples[(start - lo) * hop..(end - lo) * hop].to_vec()) {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
     }
+}
+
+fn bad_latent(e: ndarray::ShapeError) -> SpeechError {
+    SpeechError::Run(format!("the voice's front gave latent frames of another shape: {e}"))
+}
+
+/// Whether the voice at `path` runs split ([`Piper::load`] finds its split current), for the
+/// plan: a split voice's working memory is smaller.
+pub fn split_in_use(path: &Path) -> bool {
+    split_meta(path, &split_dir(path)).is_some()
+}
+
+/// Where `tools/piper-split` puts the voice's two graphs: `<voice>.onnx.split/`.
+fn split_dir(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.split", path.display()))
+}
+
+/// The split `tools/piper-split` left in `dir` for the voice at `path`, if it is there and
+/// was made from a file of that size; else the whole graph runs (said in the log when a split
+/// is there but stale or unreadable).
+fn split_meta(path: &Path, dir: &Path) -> Option<SplitMeta> {
+    let text = std::fs::read_to_string(dir.join("split.json")).ok()?;
+    let meta: SplitMeta = match serde_json::from_str(&text) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), "unreadable voice split, the voice runs whole: {e}");
+            return None;
+        }
+    };
+    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if meta.source_bytes != bytes || meta.context_frames == 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            split_from = meta.source_bytes,
+            voice = bytes,
+            "the voice split was made from another file (run tools/fetch-models), the voice runs whole"
+        );
+        return None;
+    }
+    Some(meta)
 }
 
 impl Voice for Piper {
@@ -271,7 +409,12 @@ impl Voice for Piper {
     }
 
     fn name(&self) -> String {
-        format!("piper {}", self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+        let file = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if self.split() {
+            format!("piper {file} (split: audio in pieces)")
+        } else {
+            format!("piper {file}")
+        }
     }
 }
 

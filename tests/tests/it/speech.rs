@@ -383,41 +383,119 @@ fn text_starting_with_a_dash_is_spoken_whole() {
     }
 }
 
-/// Piper speaks a sentence clause by clause: its audio comes in one piece per clause, the
-/// first before the next clause is synthesised (the speaker sends each piece's frames at
-/// once), and the pieces joined are the sentence's audio, heard back whole.
+/// Piper speaks a sentence clause by clause, and each clause in pieces: the whole graph hands
+/// over one piece per clause, the split one (tools/piper-split) its vocoder's pieces, the first
+/// of at most `FIRST_PIECE_FRAMES` latent frames, before the rest is decoded (the speaker sends
+/// each piece's frames at once). The pieces joined are the sentence's audio, the split's the
+/// whole graph's within 1e-4 of its peak, heard back whole.
 #[test]
 fn piper_hands_each_clause_over_as_soon_as_it_exists() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = cfg();
     let mut stt = kazeia_daemon::speech::transcriber(&c).unwrap();
     let mut en = english_piper(&c);
+    assert!(en.split(), "tools/fetch-models splits the voice: {}", en.name());
+    let mut whole = whole_english_piper(&c);
     let text = "Yes, Paris is the capital of France; it sits on the Seine.";
-    let mut lens: Vec<usize> = Vec::new();
-    let mut joined = Vec::new();
-    en.synthesize_each(text, &mut |piece| {
-        lens.push(piece.len());
-        joined.extend(piece);
-        true
-    })
-    .unwrap();
-    eprintln!("{text:?}: pieces of {lens:?} samples");
-    assert_eq!(lens.len(), 3, "one piece per clause: {lens:?}");
-    assert!(lens.iter().all(|&n| n > 2_000), "every clause is spoken: {lens:?}");
+    let pieces = |v: &mut kazeia_daemon::speech::Piper| {
+        let mut lens: Vec<usize> = Vec::new();
+        let mut joined = Vec::new();
+        v.synthesize_each(text, &mut |piece| {
+            lens.push(piece.len());
+            joined.extend(piece);
+            true
+        })
+        .unwrap();
+        (lens, joined)
+    };
+    let (clauses, audio_whole) = pieces(&mut whole);
+    eprintln!("{text:?}: whole graph, pieces of {clauses:?} samples");
+    assert_eq!(clauses.len(), 3, "one piece per clause: {clauses:?}");
+    assert!(clauses.iter().all(|&n| n > 2_000), "every clause is spoken: {clauses:?}");
+    assert_eq!(audio_whole, whole.synthesize(text).unwrap(), "the pieces are the sentence's audio");
+    let (lens, joined) = pieces(&mut en);
+    eprintln!("{text:?}: split graph, pieces of {lens:?} samples");
+    assert!(lens.len() > clauses.len(), "the vocoder's pieces: {lens:?}");
+    assert!(lens[0] <= kazeia_daemon::speech::FIRST_PIECE_FRAMES * 256, "a short first piece: {lens:?}");
     assert_eq!(joined, en.synthesize(text).unwrap(), "the pieces are the sentence's audio");
+    assert_same_audio(&joined, &audio_whole);
     let heard =
         stt.transcribe(&audio::resample(&joined, en.sample_rate(), 16_000), Some("en"), &[], &|| false).unwrap().text;
     let (e, n) = word_errors(text, &heard);
     eprintln!("heard {heard:?} ({e}/{n})");
     assert!(e * 4 <= n, "{text:?} was heard as {heard:?}");
-    // Stopping after the first clause synthesises nothing more.
-    let mut calls = 0;
-    en.synthesize_each(text, &mut |_| {
-        calls += 1;
-        false
-    })
-    .unwrap();
-    assert_eq!(calls, 1);
+    // Stopping after the first piece synthesises nothing more.
+    for v in [&mut en, &mut whole] {
+        let mut calls = 0;
+        v.synthesize_each(text, &mut |_| {
+            calls += 1;
+            false
+        })
+        .unwrap();
+        assert_eq!(calls, 1);
+    }
+}
+
+/// The English voice's whole graph, its split ignored, without noise.
+fn whole_english_piper(c: &Config) -> kazeia_daemon::speech::Piper {
+    let piper = c.cache_path(Path::new(&c.speech.voices["en"]));
+    kazeia_daemon::speech::Piper::load_whole(&piper, 2, kazeia_daemon::speech::Backend::Cpu).unwrap().without_noise()
+}
+
+/// The split voice's audio is the whole graph's: same length, within 1e-4 of its peak.
+fn assert_same_audio(split: &[f32], whole: &[f32]) {
+    assert_eq!(split.len(), whole.len(), "the split voice's audio is as long as the whole graph's");
+    let peak = whole.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = split.iter().zip(whole).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(peak > 0.01 && diff <= 1e-4 * peak, "largest difference {diff}, peak {peak}");
+}
+
+/// A long clause (over the cap of phoneme ids a run, so several runs, each in pieces) from the
+/// split voice is the whole graph's audio; a split made from another file, or whose
+/// split.json is unreadable, is not used: the voice runs whole and speaks the same.
+#[test]
+fn a_voice_split_is_used_only_when_it_matches_its_voice() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let text = "The quick brown fox jumps over the lazy dog near the river bank while the children watch \
+                from the old stone bridge in the warm light of the late summer evening.";
+    let mut split = english_piper(&c);
+    let mut whole = whole_english_piper(&c);
+    assert!(split.split() && !whole.split());
+    let want = whole.synthesize(text).unwrap();
+    assert_same_audio(&split.synthesize(text).unwrap(), &want);
+
+    let voice = c.cache_path(Path::new(&c.speech.voices["en"]));
+    let real = PathBuf::from(format!("{}.split", voice.display()));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("voice.onnx");
+    std::os::unix::fs::symlink(&voice, &copy).unwrap();
+    std::fs::copy(format!("{}.json", voice.display()), dir.path().join("voice.onnx.json")).unwrap();
+    let split_dir = dir.path().join("voice.onnx.split");
+    std::fs::create_dir(&split_dir).unwrap();
+    for g in ["front.onnx", "decoder.onnx"] {
+        std::os::unix::fs::symlink(real.join(g), split_dir.join(g)).unwrap();
+    }
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(real.join("split.json")).unwrap()).unwrap();
+    let size = std::fs::metadata(&voice).unwrap().len();
+    let cases = [
+        (
+            "current",
+            serde_json::json!({"source_bytes": size, "context_frames": meta["context_frames"]}).to_string(),
+            true,
+        ),
+        ("from another file", serde_json::json!({"source_bytes": size + 1, "context_frames": 16}).to_string(), false),
+        ("unreadable", "{\"source_bytes\": ".to_string(), false),
+        ("no context", serde_json::json!({"source_bytes": size, "context_frames": 0}).to_string(), false),
+    ];
+    for (case, json, used) in cases {
+        std::fs::write(split_dir.join("split.json"), json).unwrap();
+        let mut v =
+            kazeia_daemon::speech::Piper::load(&copy, 2, kazeia_daemon::speech::Backend::Cpu).unwrap().without_noise();
+        assert_eq!(v.split(), used, "{case}");
+        assert_same_audio(&v.synthesize(text).unwrap(), &want);
+    }
 }
 
 /// Whisper's own no-speech rule (`<|nocaptions|>` over 0.6 after the start token, the text
