@@ -298,8 +298,9 @@ pub struct SpeechConfig {
     /// 0.108 at 15 s against 0.127 whole and 0.119 for faster-whisper; French failed the speech
     /// tests' gate cut (0.949-0.974 against faster-whisper's 0.897), so it stays whole
     /// (`kazeia_speech::whisper::PARTIAL_MARGIN`). Each must be in `languages` (when that is
-    /// not empty) or be `language`. `[]`: every turn transcript whole.
-    pub cut_languages: Vec<String>,
+    /// not empty) or be `language`. `[]`: every turn transcript whole. Not written: English,
+    /// if the config speaks it ([`SpeechConfig::cut_languages`]).
+    pub cut_languages: Option<Vec<String>>,
     /// Silence after the audio in the window of a turn transcript in `cut_languages`
     /// (`kazeia_speech::whisper::TURN_MARGIN`, 20 s: 15 s turned a test's "France" into
     /// "friends"). From 5 s to 30 s.
@@ -351,7 +352,7 @@ impl Default for SpeechConfig {
             // bench-voice --reps 2 on an AVX2-only EPYC, where the whole window's encoder takes
             // ~630 ms: STT after the end of the turn 508 ms (every turn whole, session 19), 289
             // (English cut to the audio and 20 s, French whole); p50 1864 -> 1729 ms.
-            cut_languages: vec!["en".into()],
+            cut_languages: None,
             turn_margin: Duration::from_millis(10 * kazeia_speech::whisper::TURN_MARGIN as u64),
             turn: "smart-turn/smart-turn-v3.2-cpu.onnx".into(),
             // Pipecat's VAD stop with Smart Turn (it was 0.8 s before the model).
@@ -381,6 +382,21 @@ impl Default for SpeechConfig {
 }
 
 impl SpeechConfig {
+    /// The languages whose turn transcript runs on a cut window: `cut_languages` as written,
+    /// else English where the config speaks it (`languages = ["fr"]` cuts none).
+    pub fn cut_languages(&self) -> Vec<String> {
+        match &self.cut_languages {
+            Some(list) => list.clone(),
+            None => ["en"].into_iter().map(String::from).filter(|l| self.speaks(l)).collect(),
+        }
+    }
+
+    /// Whether `language` is one the config speaks: in `languages` (any when that is empty) or
+    /// `language` itself.
+    pub fn speaks(&self, language: &str) -> bool {
+        self.languages.is_empty() || self.languages.iter().any(|l| l == language) || language == self.language
+    }
+
     /// The end-of-turn model, when one is configured.
     pub fn turn_model(&self) -> Option<&Path> {
         (!self.turn.as_os_str().is_empty()).then_some(self.turn.as_path())
@@ -556,7 +572,7 @@ impl Config {
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let invalid = |line, message: String| ConfigError::Invalid { path: path.into(), line, message };
-        let mut raw: RawFile = toml::from_str(text).map_err(|e| {
+        let raw: RawFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of(text, s.start));
             // Name the key when the error points at a `key = value` line.
             let key = text
@@ -616,19 +632,6 @@ impl Config {
         if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
             return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
         }
-        // `cut_languages` as written is checked; the default's languages a config does not
-        // speak (`languages = ["fr"]`) are dropped, not an error on a key nobody wrote.
-        let cut_written = toml::from_str::<toml::Table>(text)
-            .ok()
-            .and_then(|t| t.get("speech")?.as_table().map(|s| s.contains_key("cut_languages")))
-            .unwrap_or(false);
-        let spoken =
-            |sp: &SpeechConfig, l: &String| sp.languages.is_empty() || sp.languages.contains(l) || *l == sp.language;
-        if !cut_written {
-            let keep: Vec<String> =
-                raw.speech.cut_languages.iter().filter(|l| spoken(&raw.speech, l)).cloned().collect();
-            raw.speech.cut_languages = keep;
-        }
         let sp = &raw.speech;
         if !(sp.no_speech_threshold > 0.0 && sp.no_speech_threshold <= 1.0) {
             let at = text.find("no_speech_threshold").or_else(|| text.find("[speech"));
@@ -646,9 +649,11 @@ impl Config {
                 ));
             }
         }
-        // A Whisper language code (`en`, `haw`), spoken by the config.
+        // `cut_languages` as written is checked (the default drops the languages a config does
+        // not speak): each a Whisper language code (`en`, `haw`), spoken by the config.
         let code = |l: &String| (2..=3).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_lowercase());
-        if let Some(l) = sp.cut_languages.iter().find(|l| !code(l) || !spoken(sp, l)) {
+        let written = sp.cut_languages.iter().flatten();
+        if let Some(l) = written.into_iter().find(|l| !code(l) || !sp.speaks(l)) {
             let at = text.find("cut_languages").or_else(|| text.find("[speech"));
             return Err(invalid(
                 line_of(text, at.unwrap_or(0)),
@@ -780,8 +785,12 @@ mod tests {
         assert!(e.starts_with("models.toml:6:") && e.contains("\"EN\""), "{e}");
         // The default's English is dropped where English is not spoken, not an error.
         let c = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nlanguages = [\"fr\"]\n").unwrap();
-        assert!(c.speech.cut_languages.is_empty(), "{:?}", c.speech.cut_languages);
-        assert_eq!(parse("").unwrap().speech.cut_languages, ["en"]);
+        assert!(c.speech.cut_languages().is_empty(), "{:?}", c.speech.cut_languages());
+        assert_eq!(parse("").unwrap().speech.cut_languages(), ["en"]);
+        let c = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\ncut_languages = []\n").unwrap();
+        assert!(c.speech.cut_languages().is_empty());
+        let c = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\ncut_languages = [\"fr\", \"en\"]\n").unwrap();
+        assert_eq!(c.speech.cut_languages(), ["fr", "en"]);
         let e =
             parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nturn_margin = \"4s\"\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:5:") && e.contains("turn_margin"), "{e}");

@@ -20,7 +20,7 @@ pub fn stt_params(config: &Config) -> SttParams {
         vad_silence: s.vad_silence,
         vad_quiet: s.vad_quiet,
         partial_margin: s.partial_margin,
-        cut_languages: s.cut_languages.clone(),
+        cut_languages: s.cut_languages(),
         turn_margin: s.turn_margin,
         languages: s.languages.clone(),
     }

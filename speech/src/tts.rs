@@ -203,7 +203,7 @@ pub const FIRST_PIECE_FRAMES: usize = 24;
 
 /// The pieces of `frames` latent frames: (start, end) of each, the first
 /// [`FIRST_PIECE_FRAMES`], each next twice as long, covering all of them in order.
-pub fn pieces(frames: usize) -> Vec<(usize, usize)> {
+fn pieces(frames: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let (mut pos, mut size) = (0, FIRST_PIECE_FRAMES);
     while pos < frames {
@@ -461,6 +461,24 @@ mod tests {
         let r = super::runs(&["a,".to_string(), "b,".into(), "c".into()], 10, str::len);
         assert_eq!(r, ["a,", "b,", "c"]);
         assert_eq!(super::runs(&["toolongword".to_string()], 4, str::len), ["toolongword"]);
+    }
+
+    /// The vocoder's pieces cover every frame once, in order, the first short, each next twice
+    /// the last (the last cut to what is left).
+    #[test]
+    fn pieces_cover_the_frames() {
+        use super::{pieces, FIRST_PIECE_FRAMES as F};
+        assert!(pieces(0).is_empty());
+        assert_eq!(pieces(5), [(0, 5)]);
+        assert_eq!(pieces(F), [(0, F)]);
+        assert_eq!(pieces(F * 3 + 1), [(0, F), (F, F * 3), (F * 3, F * 3 + 1)]);
+        for frames in 1..400 {
+            let p = pieces(frames);
+            assert_eq!(p[0].0, 0);
+            assert_eq!(p.last().unwrap().1, frames);
+            assert!(p.windows(2).all(|w| w[0].1 == w[1].0 && w[1].1 - w[1].0 <= 2 * (w[0].1 - w[0].0)));
+            assert!(p.iter().all(|&(a, b)| a < b));
+        }
     }
 
     /// Clauses come in order, each with its punctuation, and none after `each` says stop.
