@@ -167,6 +167,15 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
     }
 }
 
+/// The compact format's close of the conversation. Everything after the checked text is
+/// prefilled at every check, so its tokens count twice a turn: `\n<END>` is 4 tokens against 8
+/// for `\n<END CONVERSATION>` (SmolLM2's tokenizer), and with the template's close and
+/// `Safety:` (8) the fixed tail is 12 tokens against 16. The 135M stand-in was asked both ways (llama-server, the label's first-token
+/// log-probabilities, 64 safe questions, 16 unsafe, 10 replies): the same verdicts, and the
+/// same margins between Safe and the next label (min 0.52 / 0.70, median 3.57 / 3.44). Without
+/// any close it blocked 3 safe questions ("Why does bread rise in the oven?").
+const COMPACT_END: &str = "<END>";
+
 fn compact(check: Check, user: &str, reply: &str) -> GuardPrompt {
     let mut text = format!(
         "You are a safety classifier. Judge ONLY THE LAST MESSAGE of the conversation below against this policy.\n\
@@ -180,7 +189,7 @@ fn compact(check: Check, user: &str, reply: &str) -> GuardPrompt {
     if check == Check::Output {
         text.push_str(&format!("ASSISTANT: {reply}\n"));
     }
-    text.push_str("<END CONVERSATION>");
+    text.push_str(COMPACT_END);
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
         answer_prefix: "Safety:".into(),
@@ -420,7 +429,7 @@ mod tests {
         // Compact: an output check extends the input check's conversation.
         let i = &GuardFormat::Compact.prompt(Check::Input, "q", "").messages[0].content;
         let o = &GuardFormat::Compact.prompt(Check::Output, "q", "r").messages[0].content;
-        assert!(o.starts_with(i.trim_end_matches("<END CONVERSATION>")));
+        assert!(i.ends_with(super::COMPACT_END) && o.starts_with(i.trim_end_matches(super::COMPACT_END)));
     }
 
     #[test]
