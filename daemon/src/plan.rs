@@ -116,7 +116,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
 
 /// The speech rows of the plan (`stt` with the VAD and the end-of-turn model, one `tts` per
 /// Piper voice); reads file
-/// sizes only.
+/// sizes only (and a Piper voice's `split.json`: split, it is planned with a smaller factor).
 pub fn speech_plans(config: &Config) -> Vec<ModelPlan> {
     use kazeia_memory_budget::onnx::{estimate_onnx, OnnxKind};
     let s = &config.speech;

@@ -429,7 +429,7 @@ mod tests {
         // Compact: an output check extends the input check's conversation.
         let i = &GuardFormat::Compact.prompt(Check::Input, "q", "").messages[0].content;
         let o = &GuardFormat::Compact.prompt(Check::Output, "q", "r").messages[0].content;
-        assert!(i.ends_with(super::COMPACT_END) && o.starts_with(i.trim_end_matches(super::COMPACT_END)));
+        assert!(i.ends_with(COMPACT_END) && o.starts_with(i.trim_end_matches(COMPACT_END)));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use kazeia_memory_budget::Backend;
 pub trait Voice: Send {
     fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError>;
     /// The same audio, handed to `each` piece by piece as soon as each exists (Piper: clause by
-    /// clause), so that the first clause is heard while the next is synthesised. `each`
+    /// clause, and a split Piper voice in pieces of a clause), so that the first clause is heard while the next is synthesised. `each`
     /// returns false to stop (a cancelled reply).
     fn synthesize_each(&mut self, text: &str, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<(), SpeechError> {
         each(self.synthesize(text)?);
@@ -190,24 +190,33 @@ enum Graph {
 /// What `tools/piper-split` writes beside its graphs.
 #[derive(serde::Deserialize)]
 struct SplitMeta {
-    /// The voice file's size when it was split: another file means a stale split.
+    /// The voice file's size and modification time (ns since the epoch) when it was split:
+    /// another file, or the same one written again, means a stale split (Piper voices of one
+    /// quality are often the same size, so the size alone would not tell).
     source_bytes: u64,
+    source_mtime_ns: u128,
     /// The vocoder's reach, measured by the splitter (16 frames for the joe voice).
     context_frames: usize,
 }
 
 /// The vocoder's first piece, in latent frames (~0.28 s at the joe voice's 256 samples a frame
-/// and 22,050 Hz); each next piece twice the last, so a clause of 2 s is 3 pieces and the
-/// context's extra work stays under half the vocoder's.
+/// and 22,050 Hz); each next piece twice the last, a short tail joined to the piece before it.
+/// Each piece decodes its context too (16 frames either side for the joe voice): a run of 86
+/// frames (1 s) decodes 40 + 78 frames, 1.37 × its own, a run of 168 (2 s) 40 + 80 + 128, 1.48 ×.
 pub const FIRST_PIECE_FRAMES: usize = 24;
 
-/// The pieces of `frames` latent frames: (start, end) of each, the first
-/// [`FIRST_PIECE_FRAMES`], each next twice as long, covering all of them in order.
+/// The pieces of `frames` latent frames: (start, end) of each, covering all of them in order.
+/// The first is [`FIRST_PIECE_FRAMES`] (or all of them, when fewer); each next twice the last,
+/// but a piece after the first takes the rest with it when the rest is shorter than itself (a
+/// short tail would pay its context for little audio).
 fn pieces(frames: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let (mut pos, mut size) = (0, FIRST_PIECE_FRAMES);
     while pos < frames {
-        let end = frames.min(pos + size);
+        let mut end = frames.min(pos + size);
+        if pos > 0 && frames - end < size {
+            end = frames;
+        }
         out.push((pos, end));
         pos = end;
         size *= 2;
@@ -220,6 +229,7 @@ pub struct Piper {
     config: PiperConfig,
     path: PathBuf,
     pub placement: Placement,
+    vocoder_runs: usize,
 }
 
 impl Piper {
@@ -240,23 +250,37 @@ impl Piper {
         let config: PiperConfig =
             serde_json::from_str(&text).map_err(|e| SpeechError::BadModel { path: json, message: e.to_string() })?;
         let dir = split_dir(path);
-        let (graph, placement) = match split.then(|| split_meta(path, &dir)).flatten() {
-            Some(meta) => {
+        let split_graphs = || -> Option<(Graph, Placement)> {
+            let meta = split_meta(path, &dir)?;
+            let load = || -> Result<(Graph, Placement), SpeechError> {
                 let (front, placement) = session(&dir.join("front.onnx"), threads, backend, Shapes::Fixed)?;
                 let (decoder, _) = session(&dir.join("decoder.onnx"), threads, backend, Shapes::Fixed)?;
-                (Graph::Split { front, decoder, context: meta.context_frames }, placement)
-            }
+                Ok((Graph::Split { front, decoder, context: meta.context_frames }, placement))
+            };
+            load()
+                .map_err(|e| tracing::warn!(dir = %dir.display(), "the voice split does not load, the voice runs whole: {e}"))
+                .ok()
+        };
+        let (graph, placement) = match split.then(split_graphs).flatten() {
+            Some(g) => g,
             None => {
                 let (session, placement) = session(path, threads, backend, Shapes::Fixed)?;
                 (Graph::Whole(session), placement)
             }
         };
-        Ok(Piper { graph, config, path: path.into(), placement })
+        Ok(Piper { graph, config, path: path.into(), placement, vocoder_runs: 0 })
     }
 
-    /// Whether the voice's audio leaves in pieces (its split graphs were found and current).
+    /// Whether the voice's audio leaves in pieces (its split graphs were found, current, and
+    /// loaded).
     pub fn split(&self) -> bool {
         matches!(self.graph, Graph::Split { .. })
+    }
+
+    /// Vocoder runs of the split graph so far (one per piece): a test's proof that no piece is
+    /// decoded after its caller said stop.
+    pub fn vocoder_runs(&self) -> usize {
+        self.vocoder_runs
     }
 
     /// The same audio for the same text every time: the voice's sampled noise (prosody and
@@ -327,6 +351,7 @@ impl Piper {
                     // A copy: the frames are the last axis, so a stretch of them is not contiguous.
                     let piece = latent.slice(s![.., .., lo..hi]).as_standard_layout().into_owned();
                     let y = decoder.run(ort::inputs!["latent" => TensorRef::from_array_view(&piece)?])?;
+                    self.vocoder_runs += 1;
                     let y = y["output"].try_extract_array::<f32>()?;
                     let samples =
                         y.as_slice().ok_or_else(|| SpeechError::Run("vocoder output not contiguous".into()))?;
@@ -364,7 +389,7 @@ fn split_dir(path: &Path) -> PathBuf {
 }
 
 /// The split `tools/piper-split` left in `dir` for the voice at `path`, if it is there and
-/// was made from a file of that size; else the whole graph runs (said in the log when a split
+/// was made from that file (its size and modification time); else the whole graph runs (said in the log when a split
 /// is there but stale or unreadable).
 fn split_meta(path: &Path, dir: &Path) -> Option<SplitMeta> {
     let text = std::fs::read_to_string(dir.join("split.json")).ok()?;
@@ -375,8 +400,13 @@ fn split_meta(path: &Path, dir: &Path) -> Option<SplitMeta> {
             return None;
         }
     };
-    let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    if meta.source_bytes != bytes || meta.context_frames == 0 {
+    let stat = std::fs::metadata(path).ok();
+    let bytes = stat.as_ref().map_or(0, |m| m.len());
+    let mtime = stat
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    if meta.source_bytes != bytes || meta.source_mtime_ns != mtime || meta.context_frames == 0 {
         tracing::warn!(
             dir = %dir.display(),
             split_from = meta.source_bytes,
@@ -464,20 +494,25 @@ mod tests {
     }
 
     /// The vocoder's pieces cover every frame once, in order, the first short, each next twice
-    /// the last (the last cut to what is left).
+    /// the last, a short tail joined to the piece before it.
     #[test]
     fn pieces_cover_the_frames() {
         use super::{pieces, FIRST_PIECE_FRAMES as F};
         assert!(pieces(0).is_empty());
         assert_eq!(pieces(5), [(0, 5)]);
         assert_eq!(pieces(F), [(0, F)]);
-        assert_eq!(pieces(F * 3 + 1), [(0, F), (F, F * 3), (F * 3, F * 3 + 1)]);
+        assert_eq!(pieces(F + 1), [(0, F), (F, F + 1)]);
+        assert_eq!(pieces(F * 3 + 1), [(0, F), (F, F * 3 + 1)]);
+        assert_eq!(pieces(F * 7 + 1), [(0, F), (F, F * 3), (F * 3, F * 7 + 1)]);
         for frames in 1..400 {
             let p = pieces(frames);
-            assert_eq!(p[0].0, 0);
+            assert_eq!(p[0], (0, frames.min(F)));
             assert_eq!(p.last().unwrap().1, frames);
-            assert!(p.windows(2).all(|w| w[0].1 == w[1].0 && w[1].1 - w[1].0 <= 2 * (w[0].1 - w[0].0)));
-            assert!(p.iter().all(|&(a, b)| a < b));
+            assert!(p.windows(2).all(|w| w[0].1 == w[1].0), "{p:?}");
+            // After the first, no piece is shorter than the one before it, nor more than three
+            // times as long (twice, and a tail shorter than that).
+            assert!(p[1..].windows(2).all(|w| w[1].1 - w[1].0 >= w[0].1 - w[0].0), "{p:?}");
+            assert!(p.windows(2).all(|w| w[1].1 - w[1].0 < 4 * (w[0].1 - w[0].0)), "{p:?}");
         }
     }
 

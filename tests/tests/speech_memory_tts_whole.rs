@@ -4,9 +4,10 @@
 //! was 1.6–2.7 × the file from run to run, below what it takes where it runs first or alone
 //! (the estimate of 2.5 then failed a clean-clone CI run).
 //!
-//! Alone, its peak still varies with which ONNX Runtime thread frees what, when: 3.1–3.7 × the
-//! file after one round of the sentences below, 3.55–4.13 after twelve (eight processes). So
-//! the test takes the peak over twelve rounds, where the variation has mostly played out.
+//! Alone, its peak still varied with which ONNX Runtime thread frees what, when (without the
+//! arena: 3.1–3.7 × the file after one round of the sentences below, 3.55–4.13 after twelve,
+//! eight processes). So the test takes the peak over twelve rounds, where the variation has
+//! mostly played out.
 //!
 //! This is the voice's whole graph, as a voice without tools/piper-split's graphs runs;
 //! speech_memory_tts.rs measures it split.
@@ -36,6 +37,6 @@ fn a_whole_voice_stays_within_its_estimate() {
     }
     let peak = proc_status_bytes("VmHWM").saturating_sub(before);
     // Looser than the STT's bound: the voice's peak varied run to run (3.55–4.13 × its file)
-    // until it kept ONNX Runtime's arena (2.99–3.05 since, over six processes).
+    // until it kept ONNX Runtime's arena (2.99–3.06 since).
     assert_within_estimate("tts", bytes, peak, OnnxKind::Tts, 1.4);
 }

@@ -137,7 +137,8 @@ impl SpeechStack {
     }
 
     /// [`say`](Self::say), the audio handed to `each` (with its rate) clause by clause as soon
-    /// as each is synthesised; `each` returns false to stop.
+    /// as each is synthesised (a split Piper voice: in pieces of a clause, as each exists);
+    /// `each` returns false to stop.
     pub fn say_each(
         &self,
         sup: &Supervisor,

@@ -1,6 +1,7 @@
 //! The one speaker: sentences in, audio frames out, on a blocking task of its own so that
 //! synthesis of sentence n overlaps generation of sentence n+1. A sentence is synthesised
-//! clause by clause, and each clause's frames leave as soon as it exists. Frames are ~100 ms
+//! clause by clause (a split Piper voice: in pieces of a clause, the first ~0.28 s of audio),
+//! and each piece's frames leave as soon as it exists. Frames are ~100 ms
 //! so that a cancel lands between two of them; the last frame is flagged and empty.
 
 use std::sync::mpsc;
@@ -77,15 +78,15 @@ fn speak(
         let arrived = Instant::now();
         // Speech first: no decode starts while the sentence is synthesised (see SpeechHold).
         let hold = kazeia_engine::SpeechHold::take();
-        // Clause by clause: each clause's frames leave as soon as it is synthesised, while the
-        // next clause is.
+        // Clause by clause, piece by piece: each piece's frames leave as soon as it is
+        // synthesised, while the next one is.
         let mut audio_s = 0.0;
         stack.say_each(sup, language, &sentence, &mut |samples, r| {
             if spoken.first_audio.is_none() {
                 tracing::debug!(
                     chars = sentence.len(),
                     ms = arrived.elapsed().as_secs_f64() * 1e3,
-                    "first clause synthesised"
+                    "first audio synthesised"
                 );
             }
             rate = r;

@@ -424,15 +424,17 @@ fn piper_hands_each_clause_over_as_soon_as_it_exists() {
     let (e, n) = word_errors(text, &heard);
     eprintln!("heard {heard:?} ({e}/{n})");
     assert!(e * 4 <= n, "{text:?} was heard as {heard:?}");
-    // Stopping after the first piece synthesises nothing more.
+    // Stopping after the first piece synthesises nothing more: the split voice's vocoder ran
+    // once, so that piece left before the next was decoded.
     for v in [&mut en, &mut whole] {
-        let mut calls = 0;
+        let (mut calls, runs) = (0, v.vocoder_runs());
         v.synthesize_each(text, &mut |_| {
             calls += 1;
             false
         })
         .unwrap();
         assert_eq!(calls, 1);
+        assert_eq!(v.vocoder_runs() - runs, usize::from(v.split()), "{}", v.name());
     }
 }
 
@@ -451,8 +453,9 @@ fn assert_same_audio(split: &[f32], whole: &[f32]) {
 }
 
 /// A long clause (over the cap of phoneme ids a run, so several runs, each in pieces) from the
-/// split voice is the whole graph's audio; a split made from another file, or whose
-/// split.json is unreadable, is not used: the voice runs whole and speaks the same.
+/// split voice is the whole graph's audio; a split made from another file (of another size, or
+/// of the same size written at another time), or whose split.json is unreadable, is not used:
+/// the voice runs whole and speaks the same.
 #[test]
 fn a_voice_split_is_used_only_when_it_matches_its_voice() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -478,16 +481,19 @@ fn a_voice_split_is_used_only_when_it_matches_its_voice() {
     }
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(real.join("split.json")).unwrap()).unwrap();
-    let size = std::fs::metadata(&voice).unwrap().len();
+    let (size, mtime) = (&meta["source_bytes"], &meta["source_mtime_ns"]);
+    let split = |bytes: &serde_json::Value, ns: &serde_json::Value, context: &serde_json::Value| {
+        serde_json::json!({"source_bytes": bytes, "source_mtime_ns": ns, "context_frames": context}).to_string()
+    };
+    let other_size = serde_json::json!(size.as_u64().unwrap() + 1);
+    let other_time = serde_json::json!(mtime.as_u64().unwrap() - 1_000_000_000);
     let cases = [
-        (
-            "current",
-            serde_json::json!({"source_bytes": size, "context_frames": meta["context_frames"]}).to_string(),
-            true,
-        ),
-        ("from another file", serde_json::json!({"source_bytes": size + 1, "context_frames": 16}).to_string(), false),
+        ("current", split(size, mtime, &meta["context_frames"]), true),
+        ("from a file of another size", split(&other_size, mtime, &serde_json::json!(16)), false),
+        // A voice of the same size (Piper voices of one quality often are), written later.
+        ("from a file of the same size", split(size, &other_time, &serde_json::json!(16)), false),
         ("unreadable", "{\"source_bytes\": ".to_string(), false),
-        ("no context", serde_json::json!({"source_bytes": size, "context_frames": 0}).to_string(), false),
+        ("no context", split(size, mtime, &serde_json::json!(0)), false),
     ];
     for (case, json, used) in cases {
         std::fs::write(split_dir.join("split.json"), json).unwrap();
@@ -496,6 +502,14 @@ fn a_voice_split_is_used_only_when_it_matches_its_voice() {
         assert_eq!(v.split(), used, "{case}");
         assert_same_audio(&v.synthesize(text).unwrap(), &want);
     }
+    // A current split whose vocoder graph is not ONNX: the voice runs whole.
+    std::fs::write(split_dir.join("split.json"), split(size, mtime, &meta["context_frames"])).unwrap();
+    std::fs::remove_file(split_dir.join("decoder.onnx")).unwrap();
+    std::fs::write(split_dir.join("decoder.onnx"), b"not a graph").unwrap();
+    let mut v =
+        kazeia_daemon::speech::Piper::load(&copy, 2, kazeia_daemon::speech::Backend::Cpu).unwrap().without_noise();
+    assert!(!v.split(), "a vocoder that does not load");
+    assert_same_audio(&v.synthesize(text).unwrap(), &want);
 }
 
 /// Whisper's own no-speech rule (`<|nocaptions|>` over 0.6 after the start token, the text
