@@ -63,6 +63,27 @@ pub fn reset_peak_rss() {
     std::fs::write("/proc/self/clear_refs", "5").expect("/proc/self/clear_refs");
 }
 
+/// The growth of this process's peak RSS while `load` loads a voice and it speaks twelve rounds
+/// of sentences, one of them a clause over the voice's cap of phoneme ids a run
+/// (kazeia_speech::tts::MAX_IDS_PER_RUN), so runs at the cap: what tests/tests/speech_memory_tts
+/// and speech_memory_tts_whole check the plan against. Twelve rounds: alone in its process, the
+/// peak still varied with which ONNX Runtime thread freed what, when.
+pub fn voice_peak_rss(load: impl FnOnce() -> Box<dyn kazeia_daemon::speech::Voice>) -> u64 {
+    reset_peak_rss();
+    let before = proc_status_bytes("VmRSS");
+    let mut voice = load();
+    for _ in 0..12 {
+        for text in [
+            "The weather is nice today and we will go to the park.",
+            "Paris is the capital of France.",
+            "Take the second road on the left after the old stone bridge and keep walking along the river until you reach the small bakery with the green door",
+        ] {
+            voice.synthesize(text).unwrap();
+        }
+    }
+    proc_status_bytes("VmHWM").saturating_sub(before)
+}
+
 /// Proportional set size of this process (/proc/self/smaps_rollup), in bytes.
 pub fn pss_bytes() -> u64 {
     let s = std::fs::read_to_string("/proc/self/smaps_rollup").expect("smaps_rollup");

@@ -14,7 +14,7 @@
 
 use kazeia_daemon::speech::voice_for;
 use kazeia_memory_budget::onnx::OnnxKind;
-use kazeia_tests::{assert_within_estimate, config, proc_status_bytes, reset_peak_rss};
+use kazeia_tests::{assert_within_estimate, config, voice_peak_rss};
 
 #[test]
 fn a_voice_stays_within_its_estimate() {
@@ -22,21 +22,8 @@ fn a_voice_stays_within_its_estimate() {
     let file = c.cache_path(std::path::Path::new(&c.speech.voices["en"]));
     let bytes = std::fs::metadata(&file).unwrap().len();
 
-    reset_peak_rss();
-    let before = proc_status_bytes("VmRSS");
     assert!(kazeia_daemon::speech::tts::split_in_use(&file), "tools/fetch-models splits the voice");
-    let mut voice = voice_for(&c, "en").unwrap();
-    for _ in 0..12 {
-        for text in [
-            "The weather is nice today and we will go to the park.",
-            "Paris is the capital of France.",
-            // One clause over the voice's cap (kazeia_speech::tts::MAX_IDS_PER_RUN): runs at the cap.
-            "Take the second road on the left after the old stone bridge and keep walking along the river until you reach the small bakery with the green door",
-        ] {
-            voice.synthesize(text).unwrap();
-        }
-    }
-    let peak = proc_status_bytes("VmHWM").saturating_sub(before);
+    let peak = voice_peak_rss(|| voice_for(&c, "en").unwrap());
     // Looser than the STT's bound: the voice's peak varied run to run (3.55–4.13 × its file)
     // until it kept ONNX Runtime's arena (whole graph 2.99–3.06 since; split 2.57–2.61).
     assert_within_estimate("tts", bytes, peak, OnnxKind::TtsSplit, 1.4);

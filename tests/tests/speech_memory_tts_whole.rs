@@ -12,9 +12,9 @@
 //! This is the voice's whole graph, as a voice without tools/piper-split's graphs runs;
 //! speech_memory_tts.rs measures it split.
 
-use kazeia_daemon::speech::{Piper, Voice};
+use kazeia_daemon::speech::Piper;
 use kazeia_memory_budget::onnx::OnnxKind;
-use kazeia_tests::{assert_within_estimate, config, proc_status_bytes, reset_peak_rss};
+use kazeia_tests::{assert_within_estimate, config, voice_peak_rss};
 
 #[test]
 fn a_whole_voice_stays_within_its_estimate() {
@@ -22,20 +22,7 @@ fn a_whole_voice_stays_within_its_estimate() {
     let file = c.cache_path(std::path::Path::new(&c.speech.voices["en"]));
     let bytes = std::fs::metadata(&file).unwrap().len();
 
-    reset_peak_rss();
-    let before = proc_status_bytes("VmRSS");
-    let mut voice = Piper::load_whole(&file, c.speech.threads, c.speech.backend).unwrap();
-    for _ in 0..12 {
-        for text in [
-            "The weather is nice today and we will go to the park.",
-            "Paris is the capital of France.",
-            // One clause over the voice's cap (kazeia_speech::tts::MAX_IDS_PER_RUN): runs at the cap.
-            "Take the second road on the left after the old stone bridge and keep walking along the river until you reach the small bakery with the green door",
-        ] {
-            voice.synthesize(text).unwrap();
-        }
-    }
-    let peak = proc_status_bytes("VmHWM").saturating_sub(before);
+    let peak = voice_peak_rss(|| Box::new(Piper::load_whole(&file, c.speech.threads, c.speech.backend).unwrap()));
     // Looser than the STT's bound: the voice's peak varied run to run (3.55–4.13 × its file)
     // until it kept ONNX Runtime's arena (2.99–3.06 since).
     assert_within_estimate("tts", bytes, peak, OnnxKind::Tts, 1.4);
