@@ -167,12 +167,12 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
     }
 }
 
-/// The compact format's close of the conversation. Everything after the checked text is
-/// prefilled at every check, so its tokens count twice a turn: `\n<END>` is 4 tokens against 8
-/// for `\n<END CONVERSATION>` (SmolLM2's tokenizer), and with the template's close and
-/// `Safety:` (8) the fixed tail is 12 tokens against 16. The 135M stand-in was asked both ways (llama-server, the label's first-token
-/// log-probabilities, 64 safe questions, 16 unsafe, 10 replies): the same verdicts, and the
-/// same margins between Safe and the next label (min 0.52 / 0.70, median 3.57 / 3.44). Without
+/// The compact format's close of the conversation. Everything after the checked text is prefilled
+/// at every check, so its tokens count twice a turn: `\n<END>` is 4 tokens against 8 for
+/// `\n<END CONVERSATION>` (SmolLM2's tokenizer), and with the template's close and `Safety:` (8)
+/// the fixed tail is 12 tokens against 16. The 135M stand-in was asked both ways (llama-server, the label's
+/// first-token log-probabilities, 64 safe questions, 16 unsafe, 10 replies): the same verdicts, and
+/// the same margins between Safe and the next label (min 0.52 / 0.70, median 3.57 / 3.44). Without
 /// any close it blocked 3 safe questions ("Why does bread rise in the oven?").
 const COMPACT_END: &str = "<END>";
 

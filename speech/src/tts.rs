@@ -17,8 +17,8 @@ use kazeia_memory_budget::Backend;
 pub trait Voice: Send {
     fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError>;
     /// The same audio, handed to `each` piece by piece as soon as each exists (Piper: clause by
-    /// clause, and a split Piper voice in pieces of a clause), so that the first clause is heard while the next is synthesised. `each`
-    /// returns false to stop (a cancelled reply).
+    /// clause, and a split Piper voice in pieces of a clause), so that the first clause is heard
+    /// while the next is synthesised. `each` returns false to stop (a cancelled reply).
     fn synthesize_each(&mut self, text: &str, each: &mut dyn FnMut(Vec<f32>) -> bool) -> Result<(), SpeechError> {
         each(self.synthesize(text)?);
         Ok(())
@@ -388,9 +388,9 @@ fn split_dir(path: &Path) -> PathBuf {
     PathBuf::from(format!("{}.split", path.display()))
 }
 
-/// The split `tools/piper-split` left in `dir` for the voice at `path`, if it is there and
-/// was made from that file (its size and modification time); else the whole graph runs (said in the log when a split
-/// is there but stale or unreadable).
+/// The split `tools/piper-split` left in `dir` for the voice at `path`, if it is there and was made
+/// from that file (its size and modification time); else the whole graph runs (said in the log when
+/// a split is there but stale or unreadable).
 fn split_meta(path: &Path, dir: &Path) -> Option<SplitMeta> {
     let text = std::fs::read_to_string(dir.join("split.json")).ok()?;
     let meta: SplitMeta = match serde_json::from_str(&text) {

@@ -9,7 +9,7 @@
 //! 3.55–4.13 after twelve, eight processes). So the test takes the peak over twelve rounds,
 //! where the variation has mostly played out.
 //!
-//! This is the voice as it runs, split by tools/piper-split (2.57–2.61 × its file);
+//! This is the voice as it runs, split by tools/piper-split (2.52–2.61 × its file);
 //! speech_memory_tts_whole.rs measures its whole graph, for voices without a split.
 
 use kazeia_daemon::speech::voice_for;
@@ -25,6 +25,6 @@ fn a_voice_stays_within_its_estimate() {
     assert!(kazeia_daemon::speech::tts::split_in_use(&file), "tools/fetch-models splits the voice");
     let peak = voice_peak_rss(|| voice_for(&c, "en").unwrap());
     // Looser than the STT's bound: the voice's peak varied run to run (3.55–4.13 × its file)
-    // until it kept ONNX Runtime's arena (whole graph 2.99–3.06 since; split 2.57–2.61).
+    // until it kept ONNX Runtime's arena (whole graph 2.99–3.06 since; split 2.52–2.61).
     assert_within_estimate("tts", bytes, peak, OnnxKind::TtsSplit, 1.4);
 }
