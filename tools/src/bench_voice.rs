@@ -92,15 +92,19 @@ fn make_clip(
     Ok(Clip { language, text, samples, speech_end, wav })
 }
 
-/// What one turn gave: the wait, and our daemon's stage metrics.
+/// What one turn gave: the wait, our daemon's stage metrics, and the CPU time the daemon used
+/// during the wait (all its threads, ms; None where /proc cannot tell).
 struct Heard {
     wait_ms: f64,
     metrics: Option<Metrics>,
+    cpu_ms: Option<f64>,
 }
 
 /// Our side: stream `clip` into a `voice` turn at microphone pace, then microphone silence
-/// until the turn ends. None when no reply audio came (the guard blocked it).
-async fn ours(client: &Client, clip: &Clip) -> Result<Option<Heard>> {
+/// until the turn ends. None when no reply audio came (the guard blocked it). `daemon`: the
+/// daemon's pid, whose CPU time is read when the last speech frame leaves and when the first
+/// audio frame comes.
+async fn ours(client: &Client, clip: &Clip, daemon: u32) -> Result<Option<Heard>> {
     let id = client.new_id();
     let req = Request::Turn {
         id: id.clone(),
@@ -119,6 +123,7 @@ async fn ours(client: &Client, clip: &Clip) -> Result<Option<Heard>> {
     let silence = vec![0.0f32; 1_600];
     let t0 = tokio::time::Instant::now();
     let (mut k, mut last_speech_sent, mut first_audio) = (0usize, None, None);
+    let (mut cpu_at_speech_end, mut cpu_at_audio) = (None, None);
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(t0 + Duration::from_millis(100 * k as u64)) => {
@@ -129,19 +134,22 @@ async fn ours(client: &Client, clip: &Clip) -> Result<Option<Heard>> {
                 k += 1;
                 if last_speech_sent.is_none() && k * 1_600 >= clip.speech_end {
                     last_speech_sent = Some(Instant::now());
+                    cpu_at_speech_end = kazeia_tools::process_cpu_ms(daemon);
                 }
                 if k > 600 {
                     bail!("no end of turn after 60 s of audio");
                 }
             }
             item = rx.recv() => match item.context("the connection closed")? {
-                Incoming::Audio(a) if !a.pcm.is_empty() => {
-                    first_audio.get_or_insert_with(Instant::now);
+                Incoming::Audio(a) if !a.pcm.is_empty() && first_audio.is_none() => {
+                    first_audio = Some(Instant::now());
+                    cpu_at_audio = kazeia_tools::process_cpu_ms(daemon);
                 }
                 Incoming::Event(Event::Done { metrics, .. }) => {
                     let (Some(start), Some(at)) = (last_speech_sent, first_audio) else { return Ok(None) };
                     let wait_ms = at.duration_since(start).as_secs_f64() * 1e3;
-                    return Ok(Some(Heard { wait_ms, metrics: Some(metrics) }));
+                    let cpu_ms = cpu_at_speech_end.zip(cpu_at_audio).map(|(a, b)| b - a);
+                    return Ok(Some(Heard { wait_ms, metrics: Some(metrics), cpu_ms }));
                 }
                 Incoming::Event(Event::Error { message, is_final: true, .. }) => bail!("{}: {message}", clip.text),
                 _ => {}
@@ -247,7 +255,7 @@ async fn main() -> Result<()> {
 
     // Our daemon on the config as shipped, on a private socket (in a directory it creates 0700).
     let socket = dir.path().join("run").join("engine.sock");
-    let _daemon = Kill(
+    let daemon = Kill(
         Command::new(&args.kazeia)
             .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
             // The server's info lines: the speech preload says when it is done.
@@ -295,7 +303,8 @@ async fn main() -> Result<()> {
             t.elapsed().as_secs_f64()
         );
     }
-    let cold = ours(&client, &warm).await.context("our warm-up turn")?;
+    let pid = daemon.0.id();
+    let cold = ours(&client, &warm, pid).await.context("our warm-up turn")?;
     let preloaded =
         if preloaded { "once the speech models were preloaded" } else { "the speech models loading with it" };
     let cold_metrics = cold.as_ref().and_then(|h| h.metrics.clone());
@@ -315,13 +324,19 @@ async fn main() -> Result<()> {
 
     let (mut our_waits, mut their_waits, mut blocked) = (Vec::new(), Vec::new(), 0);
     let mut stages: Vec<Metrics> = Vec::new();
+    // Per turn: (the wait, the daemon's CPU time during it), ms.
+    let mut work: Vec<(f64, f64)> = Vec::new();
     let mut their_stages: Vec<serde_json::Value> = Vec::new();
     // `daemon ms`: the daemon's own estimate (speech_end_to_audio_ms), from where its VAD put
     // the end of speech (up to ~120 ms after the sound) and with the 100 ms frames' timing.
-    println!("{:>3} {:<7} {:<3} {:>9} {:>9} {:>9}  question", "rep", "voice", "", "ours ms", "daemon ms", "ref ms");
+    // `cpu ms`: the daemon's CPU time during our wait, all threads.
+    println!(
+        "{:>3} {:<7} {:<3} {:>9} {:>9} {:>9} {:>9}  question",
+        "rep", "voice", "", "ours ms", "daemon ms", "cpu ms", "ref ms"
+    );
     for rep in 0..args.reps {
         for (n, clip) in clips.iter().enumerate() {
-            let run_ours = || ours(&client, clip);
+            let run_ours = || ours(&client, clip, pid);
             let (mine, theirs) = if (rep + n) % 2 == 0 {
                 let a = run_ours().await?;
                 (a, reference.turn(clip)?)
@@ -332,21 +347,23 @@ async fn main() -> Result<()> {
             let their_ms = theirs["latency_ms"].as_f64().context("reference latency_ms")?;
             their_waits.push(their_ms);
             their_stages.push(theirs);
-            let (mine_ms, daemon_ms) = match mine {
+            let (mine_ms, daemon_ms, cpu_ms) = match mine {
                 Some(h) => {
                     our_waits.push(h.wait_ms);
                     let daemon = h.metrics.as_ref().and_then(|m| m.speech_end_to_audio_ms);
                     stages.extend(h.metrics);
-                    (format!("{:.0}", h.wait_ms), daemon.map_or("-".into(), |d| format!("{d:.0}")))
+                    work.extend(h.cpu_ms.map(|c| (h.wait_ms, c)));
+                    let ms = |v: Option<f64>| v.map_or("-".into(), |d| format!("{d:.0}"));
+                    (format!("{:.0}", h.wait_ms), ms(daemon), ms(h.cpu_ms))
                 }
                 None => {
                     blocked += 1;
-                    ("blocked".into(), "-".into())
+                    ("blocked".into(), "-".into(), "-".into())
                 }
             };
             let voice = clips_wanted[n].0;
             println!(
-                "{rep:>3} {voice:<7} {:<3} {mine_ms:>9} {daemon_ms:>9} {their_ms:>9.0}  {}",
+                "{rep:>3} {voice:<7} {:<3} {mine_ms:>9} {daemon_ms:>9} {cpu_ms:>9} {their_ms:>9.0}  {}",
                 clip.language, clip.text
             );
         }
@@ -384,6 +401,18 @@ async fn main() -> Result<()> {
         "  speech end -> audio       {:>6}         -  (the daemon's own estimate)",
         med(&|m| m.speech_end_to_audio_ms)
     );
+    // The work behind the wait: on `cores` cores the daemon cannot do it in less than
+    // cpu / cores, whatever the order; `busy` says how much of the wait the cores were used.
+    if !work.is_empty() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cpu = median(work.iter().map(|w| w.1).collect());
+        let busy = median(work.iter().map(|w| w.1 / (w.0 * cores)).collect());
+        println!(
+            "  daemon CPU in the wait     {cpu:>6.0} ms  (all threads; on {cores} cores at least {:.0} ms of wait; cores busy {:.0}% of it)",
+            cpu / cores,
+            busy * 1e2
+        );
+    }
     println!("blocked by our guard and left out: {blocked}");
     let (p50, p95, ref_p50) = (median(our_waits.clone()), percentile(our_waits, 95.0), median(their_waits));
     if let Some(keep) = std::env::var_os("BENCH_VOICE_DAEMON_LOG") {

@@ -50,3 +50,56 @@ pub fn daemon_log_filter() -> String {
     let base = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "warn".into());
     format!("{base},kazeia_daemon::server=info")
 }
+
+/// CPU time a process has used, in ms: all its threads, the ones that have exited included
+/// (utime + stime of `/proc/<pid>/stat`, in clock ticks, 10 ms each here). None off Linux or
+/// once the process is gone. bench-voice reads the daemon's at the end of the user's speech and
+/// at the reply's first audio: the work a turn does in that window, which 2 cores cannot finish
+/// in less than half of it (session 22: 1391-2051 core-ms over 12 turns, busy 80-94%).
+pub fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (tick > 0).then_some(())?;
+    Some(stat_cpu_ticks(&stat)? as f64 * 1e3 / tick as f64)
+}
+
+/// utime + stime from a `/proc/<pid>/stat` line. The command name (field 2) may hold spaces
+/// and parentheses: the fields are counted from its last `)`.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    // After the name: state (3), ppid (4), … utime (14), stime (15).
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_past_an_odd_command_name() {
+        let line = "4242 (kazeia ) (x) 1 2) S 1 4242 4242 0 -1 4194560 9 0 0 0 123 45 0 0 20 0 7 0 99 1 2";
+        assert_eq!(stat_cpu_ticks(line), Some(168));
+        assert_eq!(stat_cpu_ticks("4242 (kazeia) S 1 2"), None);
+        assert_eq!(stat_cpu_ticks("no name at all"), None);
+    }
+
+    #[test]
+    fn this_process_uses_cpu_time() {
+        let pid = std::process::id();
+        let before = process_cpu_ms(pid).expect("procfs");
+        // Spin until a tick is counted: no fixed time, so a busy machine only makes it longer.
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while process_cpu_ms(pid).expect("procfs") <= before {
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "30 s of spinning counted nothing");
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+        assert!(process_cpu_ms(u32::MAX).is_none());
+    }
+}
