@@ -10,7 +10,10 @@
 //!
 //! Clips: questions spoken by the Piper voice (English, without its sampled noise) and by
 //! espeak-ng (English, French), 1-6 s of speech then 2 s of silence. Each side gets one warm-up
-//! turn; reps alternate which side goes first. Our `done` metrics give the per-stage table.
+//! turn; reps alternate which side goes first. Our `done` metrics give the per-stage table, and
+//! the daemon's CPU time in each wait (/proc, all threads) the work behind it: on 2 cores a
+//! stage is made faster only by taking the cores from another one unless that work shrinks
+//! (session 22: a median 1640-1970 core-ms per wait, so at least 820-985 ms on 2 cores).
 //! Last line: `voice p50_ms=<x> p95_ms=<y> reference_p50_ms=<z> ratio=<x/z>`.
 //!
 //! Run it through `tools/bench-voice`, which builds both sides.
