@@ -1,7 +1,33 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// libgomp, which runs llama.cpp's CPU threads, spins up to `GOMP_SPINCOUNT` times (300,000 by
+/// default: milliseconds of it) at each of a token's hundreds of barriers before it sleeps. With
+/// another process busy on the same cores, a waiting thread spins away the time slice its
+/// partner needs: llama-bench on 2 cores beside two busy loops prefilled 12 tok/s instead of
+/// 309 alone and decoded 30 instead of 122; with 10,000 spins 127 and 53, and alone the same
+/// within noise (session 22). The daemon's `it` test of eight clients took 64 s instead of
+/// 3.6 beside two busy loops, and failed its 120 s limit in a CI run beside a numpy job.
+/// libgomp reads the variable once, when it is loaded, before `main`: so the process starts
+/// itself again with it set, unless the caller chose (`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`
+/// set). `exec` keeps the pid, the arguments and every inherited descriptor (systemd's and
+/// Android init's sockets); if it fails, the process goes on with libgomp's default.
+fn bounded_openmp_spin() {
+    use std::os::unix::process::CommandExt;
+    const VAR: &str = "GOMP_SPINCOUNT";
+    if std::env::var_os(VAR).is_some() || std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+    std::env::set_var(VAR, "10000");
+    let err = std::process::Command::new(&exe).arg0(arg0).args(args).exec();
+    eprintln!("kazeia: could not restart with {VAR}=10000 ({err}); OpenMP keeps its default spin");
+}
+
 fn main() {
+    bounded_openmp_spin();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
