@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 /// another process busy on the same cores, a waiting thread spins away the time slice its
 /// partner needs: llama-bench on 2 cores beside two busy loops prefilled 12 tok/s instead of
 /// 309 alone and decoded 30 instead of 122; with 10,000 spins 127 and 53, and alone the same
-/// within noise (session 22). The daemon's `it` test of eight clients took 64 s instead of
+/// within noise (session 22). The daemon's `it` test of eight clients took 35-39 s instead of
 /// 3.6 beside two busy loops, and failed its 120 s limit in a CI run beside a numpy job.
 /// libgomp reads the variable once, when it is loaded, before `main`: so the process starts
 /// itself again with it set, unless the caller chose (`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`

@@ -71,16 +71,29 @@ pub fn config(daemon_toml: &str) -> String {
 
 impl Daemon {
     pub fn start(config_text: &str) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
+        Daemon::start_with_env(config_text, &[])
+    }
+
+    /// [`Daemon::start`] with `env` added to the daemon's environment.
+    pub fn start_with_env(config_text: &str, env: &[(&str, &str)]) -> Daemon {
         let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        Daemon::start_in(serial, dir, config_text)
+        Daemon::start_in_with_env(serial, tempfile::tempdir().unwrap(), config_text, env)
     }
 
     pub fn start_in(serial: std::sync::MutexGuard<'static, ()>, dir: tempfile::TempDir, config_text: &str) -> Daemon {
+        Daemon::start_in_with_env(serial, dir, config_text, &[])
+    }
+
+    fn start_in_with_env(
+        serial: std::sync::MutexGuard<'static, ()>,
+        dir: tempfile::TempDir,
+        config_text: &str,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let cfg = dir.path().join("models.toml");
         std::fs::write(&cfg, config_text).unwrap();
         let socket = dir.path().join("run").join("engine.sock");
-        let (child, stderr) = spawn(&cfg, &socket);
+        let (child, stderr) = spawn_with_env(&cfg, &socket, env);
         let d = Daemon { _serial: Some(serial), child, dir, socket, stderr };
         d.wait_ready();
         d
@@ -142,11 +155,17 @@ fn daemon_cache() -> &'static Path {
 }
 
 pub fn spawn(cfg: &Path, socket: &Path) -> (Child, Arc<Mutex<String>>) {
+    spawn_with_env(cfg, socket, &[])
+}
+
+/// [`spawn`] with `env` added to the daemon's environment.
+fn spawn_with_env(cfg: &Path, socket: &Path, env: &[(&str, &str)]) -> (Child, Arc<Mutex<String>>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kazeia"))
         .args(["serve", "--config", cfg.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
         .env("RUST_LOG", "info,llama_cpp_2=warn,llama-cpp-2=warn")
         .env("XDG_CACHE_HOME", daemon_cache())
         .env("KAZEIA_MODELS", models_dir())
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

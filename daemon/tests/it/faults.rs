@@ -161,37 +161,19 @@ fn environ(pid: u32) -> Vec<String> {
 }
 
 /// CPU load from other processes: libgomp's default spin at each barrier made the test above
-/// take 64 s instead of 3.6 beside two busy loops, and fail in CI beside a numpy job. The daemon
+/// take 35-39 s instead of 3.6 beside two busy loops, and fail in CI beside a numpy job. The daemon
 /// restarts itself (same pid) with the spin bounded, and leaves a caller's own choice alone.
 #[tokio::test(flavor = "multi_thread")]
 async fn openmp_spin_is_bounded_unless_the_caller_chose() {
     let d = Daemon::start(&config_on(&smollm2(), ""));
-    assert!(environ(d.child.id()).iter().any(|e| e == "GOMP_SPINCOUNT=10000"), "{:?}", environ(d.child.id()));
+    let env = environ(d.child.id());
+    assert!(env.iter().any(|e| e == "GOMP_SPINCOUNT=10000"), "{env:?}");
     let (text, _) = ask(&d.client().await).await;
     assert!(text.contains("Paris"), "{text:?}");
     drop(d);
 
-    let _serial = common::serial();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("models.toml");
-    std::fs::write(&cfg, config_on(&smollm2(), "")).unwrap();
-    let socket = dir.path().join("run").join("engine.sock");
-    let mut child = common::Reaped(
-        std::process::Command::new(env!("CARGO_BIN_EXE_kazeia"))
-            .args(["serve", "--config", cfg.to_str().unwrap(), "--socket", socket.to_str().unwrap()])
-            .env("GOMP_SPINCOUNT", "5000")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let log = common::collect_lines(child.stderr.take().unwrap());
-    common::wait_until(
-        "the daemon to listen",
-        || log.lock().unwrap().contains("listening on"),
-        || log.lock().unwrap().clone(),
-    );
-    let env = environ(child.id());
+    let d = Daemon::start_with_env(&config_on(&smollm2(), ""), &[("GOMP_SPINCOUNT", "5000")]);
+    let env = environ(d.child.id());
     assert!(
         env.iter().any(|e| e == "GOMP_SPINCOUNT=5000") && !env.iter().any(|e| e == "GOMP_SPINCOUNT=10000"),
         "{env:?}"
