@@ -3,15 +3,36 @@
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kazeia/target}"
 export KAZEIA_MODELS="${KAZEIA_MODELS:-$HOME/.cache/kazeia/models}"
 export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"
+# This file's directory: BASH_SOURCE in bash, $0 in zsh; else the repository as the working
+# directory.
+if [ -n "${BASH_VERSION:-}" ]; then _kazeia_dir="$(dirname "${BASH_SOURCE[0]}")"; else _kazeia_dir="$(dirname "$0")"; fi
+[ -f "$_kazeia_dir/../.cargo/config.toml" ] || _kazeia_dir=tools
+# One build cache for every checkout (the working copy, CI's clean clones). Cargo calls a
+# workspace crate's build fresh when none of its sources is newer than the build, and two
+# checkouts' crates share one build (their hashes use paths relative to the workspace): a
+# clean clone's newer build passed for the working copy's older, edited main.rs, and a test ran
+# the clone's binary (session 22). So when the checkout using the cache changes, its tracked
+# files are touched: cargo builds our crates again from this checkout's sources (~3 min on 2
+# cores; the dependencies stay built).
+_kazeia_root="$(cd "$_kazeia_dir/.." 2>/dev/null && pwd -P)"
+if [ -n "$_kazeia_root" ] && [ -f "$_kazeia_root/Cargo.toml" ]; then
+  mkdir -p "$CARGO_TARGET_DIR"
+  if [ "$(cat "$CARGO_TARGET_DIR/.kazeia-checkout" 2>/dev/null)" != "$_kazeia_root" ]; then
+    if [ -d "$_kazeia_root/.git" ] || [ -f "$_kazeia_root/.git" ]; then
+      (cd "$_kazeia_root" && git ls-files -z | xargs -0 touch -c --)
+    else
+      find "$_kazeia_root" -name .git -prune -o -type f -exec touch -c -- {} +
+    fi
+    printf '%s\n' "$_kazeia_root" >"$CARGO_TARGET_DIR/.kazeia-checkout"
+  fi
+fi
+unset _kazeia_root
 # llama.cpp without Intel AMX kernels on x86_64: the flags of .cargo/config.toml's [env] (why:
 # there), which a bare `cargo build` gets. Exported as well: on this machine, adding only the
 # [env] entry left an existing target dir's llama.cpp built with AMX (still crashing); built
 # again with the variable exported (`cargo clean -p llama-cpp-sys-2`), it had the flags.
-# (This file's directory: BASH_SOURCE in bash, $0 in zsh; else the repository as the working
-# directory. Empty flags would let the AMX kernels back: say so instead.)
+# (Empty flags would let the AMX kernels back: say so instead.)
 if [ "$(uname -m)" = x86_64 ]; then
-  if [ -n "${BASH_VERSION:-}" ]; then _kazeia_dir="$(dirname "${BASH_SOURCE[0]}")"; else _kazeia_dir="$(dirname "$0")"; fi
-  [ -f "$_kazeia_dir/../.cargo/config.toml" ] || _kazeia_dir=tools
   _kazeia_flags="$(sed -n 's/^CFLAGS_x86_64_unknown_linux_gnu = "\(.*\)"$/\1/p' \
     "$_kazeia_dir/../.cargo/config.toml" 2>/dev/null)"
   if [ -n "$_kazeia_flags" ]; then
@@ -20,5 +41,6 @@ if [ "$(uname -m)" = x86_64 ]; then
   else
     echo "tools/env.sh: no CFLAGS_x86_64_unknown_linux_gnu in .cargo/config.toml (source this file from the repository)" >&2
   fi
-  unset _kazeia_flags _kazeia_dir
+  unset _kazeia_flags
 fi
+unset _kazeia_dir

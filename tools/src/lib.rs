@@ -102,4 +102,52 @@ mod tests {
         }
         assert!(process_cpu_ms(u32::MAX).is_none());
     }
+    /// tools/env.sh: one build cache for several checkouts. Whenever the checkout using it
+    /// changes, that checkout's files must come out newer than any build in the cache (cargo
+    /// would otherwise take another checkout's newer build for this one's older edits); the
+    /// same checkout again touches nothing.
+    #[test]
+    fn env_sh_makes_a_checkout_new_to_the_build_cache_newer_than_its_builds() {
+        use std::path::Path;
+        use std::process::Command;
+        let env_sh = Path::new(env!("CARGO_MANIFEST_DIR")).join("env.sh");
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cargo/config.toml");
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target");
+        let run = |cmd: &str, dir: &Path| {
+            let out = Command::new("bash")
+                .args(["-c", cmd])
+                .current_dir(dir)
+                .env("CARGO_TARGET_DIR", &target)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let checkout = |name: &str| {
+            let d = tmp.path().join(name);
+            std::fs::create_dir_all(d.join("tools")).unwrap();
+            std::fs::create_dir_all(d.join(".cargo")).unwrap();
+            std::fs::create_dir_all(d.join("src")).unwrap();
+            std::fs::copy(&env_sh, d.join("tools/env.sh")).unwrap();
+            std::fs::copy(&config, d.join(".cargo/config.toml")).unwrap();
+            std::fs::write(d.join("Cargo.toml"), "[workspace]\n").unwrap();
+            std::fs::write(d.join("src/main.rs"), "fn main() {}\n").unwrap();
+            run("git init -q . && git add -A", &d);
+            d
+        };
+        let (a, b) = (checkout("a"), checkout("b"));
+        let old = |d: &Path| run("touch -d 2001-01-01 src/main.rs", d);
+        let is_old = |d: &Path| {
+            let m = std::fs::metadata(d.join("src/main.rs")).unwrap().modified().unwrap();
+            m < std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000 + 86_400 * 365)
+        };
+        let source = "set -euo pipefail; source tools/env.sh";
+        for (d, touched) in [(&a, true), (&a, false), (&b, true), (&b, false), (&a, true)] {
+            old(d);
+            run(source, d);
+            assert_eq!(!is_old(d), touched, "{}", d.display());
+            let stamp = std::fs::read_to_string(target.join(".kazeia-checkout")).unwrap();
+            assert_eq!(Path::new(stamp.trim()), d.canonicalize().unwrap());
+        }
+    }
 }
