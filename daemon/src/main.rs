@@ -12,9 +12,14 @@ use tracing_subscriber::EnvFilter;
 /// itself again with it set, unless the caller chose (`GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`
 /// set). `exec` keeps the pid, the arguments and every inherited descriptor (systemd's and
 /// Android init's sockets); if it fails, the process goes on with libgomp's default.
+/// Not on Android: llama-cpp-sys-2 builds llama.cpp there without OpenMP (ggml's own threads;
+/// the engine keeps their decodes within the cores, engine/src/cores.rs).
 fn bounded_openmp_spin() {
     use std::os::unix::process::CommandExt;
     const VAR: &str = "GOMP_SPINCOUNT";
+    if cfg!(target_os = "android") {
+        return;
+    }
     if std::env::var_os(VAR).is_some() || std::env::var_os("OMP_WAIT_POLICY").is_some() {
         return;
     }

@@ -14,7 +14,8 @@
 //! 0.905 and 0.952 with it, alternated.
 //!
 //! Without `exclusive` (more cores, or the NPU for one role) each role decodes on its own
-//! thread, in parallel.
+//! thread, in parallel as long as the roles' threads fit the cores (`cores.rs`): a decode
+//! whose threads do not fit waits for the cores, in arrival order.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -24,8 +25,12 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::DecodeError;
 
+use crate::cores::Cores;
+
 pub struct Compute {
     pub exclusive: bool,
+    /// Without `exclusive`: the cores decodes running side by side may hold.
+    cores: Cores,
 }
 
 /// A decode handed to the compute thread: the caller's context and batch, which the caller
@@ -119,13 +124,20 @@ fn wait_for_speech() {
 
 impl Compute {
     pub fn new(exclusive: bool) -> Compute {
-        Compute { exclusive }
+        Compute { exclusive, cores: Cores::of_this_machine() }
     }
 
-    /// Decode `batch` in `ctx`: on the compute thread with `exclusive`, else right here.
-    pub fn decode(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch<'_>) -> Result<(), ComputeError> {
+    /// Decode `batch` in `ctx` with the role's `threads`: on the compute thread with
+    /// `exclusive`, else right here once the threads fit in the cores other decodes leave.
+    pub fn decode(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        batch: &mut LlamaBatch<'_>,
+        threads: u32,
+    ) -> Result<(), ComputeError> {
         wait_for_speech();
         if !self.exclusive {
+            let _cores = self.cores.take(threads as usize);
             return ctx.decode(batch).map_err(ComputeError::from);
         }
         let (done, reply) = sync_channel(1);

@@ -9,6 +9,7 @@ pub mod api;
 mod backend;
 mod compute;
 pub use compute::{SpeechHold, MAX_HOLD};
+mod cores;
 mod error;
 mod generate;
 mod job;

@@ -133,14 +133,14 @@ impl Drop for Worker {
 /// the role's thread count and memory are what they will be while it serves, from its load on
 /// (a soak's thread count breathed 7-8 with each reload, until the reloaded role's first
 /// request), and the first turn does not pay for it.
-fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, role: &str, compute: &crate::compute::Compute) {
+fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, cfg: &RoleParams, compute: &crate::compute::Compute) {
     let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(1, 1);
     let decoded = batch
         .add(llama_cpp_2::token::LlamaToken::new(0), 0, &[0], true)
         .map_err(|e| e.to_string())
-        .and_then(|()| compute.decode(ctx, &mut batch).map_err(|e| e.to_string()));
+        .and_then(|()| compute.decode(ctx, &mut batch, cfg.threads).map_err(|e| e.to_string()));
     if let Err(e) = decoded {
-        tracing::debug!(role, "warm-up decode skipped: {e}");
+        tracing::debug!(role = cfg.role, "warm-up decode skipped: {e}");
     }
     ctx.clear_kv_cache();
 }
@@ -186,7 +186,7 @@ fn run(
     };
     let mut ctx = match ctx {
         Ok(mut ctx) => {
-            warm_up(&mut ctx, &cfg.role, &compute);
+            warm_up(&mut ctx, &cfg, &compute);
             let _ = ready.send(Ok(()));
             ctx
         }

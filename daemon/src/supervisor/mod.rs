@@ -79,17 +79,18 @@ pub struct Supervisor {
     speech_released: Mutex<Instant>,
 }
 
-/// Without exclusive compute each role decodes on its own thread with its own OpenMP team; if
-/// the teams together outnumber the cores, libgomp stops spinning at barriers and every op
-/// sleeps and wakes (58-68 against 97-101 tok/s for the Thinker here: engine/src/compute.rs).
-fn warn_if_teams_outnumber_cores(config: &Config) {
+/// Without exclusive compute each role decodes on its own thread, side by side only while their
+/// threads fit the cores (engine/src/cores.rs): threads beyond the cores spin at barriers while
+/// the ones they wait for have no core. A set whose roles together want more threads than
+/// there are cores gets no parallel decoding from `exclusive_compute = false`: say so at start.
+fn note_if_roles_outnumber_cores(config: &Config) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads: u32 = config.models.iter().map(|m| m.threads).sum();
     if !config.daemon.exclusive_compute && threads as usize > cores {
-        tracing::warn!(
+        tracing::info!(
             "exclusive_compute = false with {threads} decode threads across the roles on {cores} cores: \
-             roles decoding on the CPU at once oversubscribe it (OpenMP sleeps at its barriers) and \
-             decoding slows; set exclusive_compute = true or fewer threads"
+             a decode starts when its role's threads fit in the cores the others leave, so roles \
+             whose threads do not fit together take turns"
         );
     }
 }
@@ -97,7 +98,7 @@ fn warn_if_teams_outnumber_cores(config: &Config) {
 impl Supervisor {
     pub fn new(config: Config, registry: Registry) -> Arc<Supervisor> {
         heap::fix_mmap_threshold();
-        warn_if_teams_outnumber_cores(&config);
+        note_if_roles_outnumber_cores(&config);
         let budget = config.budget.budget_bytes();
         // Admission is by lease (see [`Lease`]); the engine's own bound is a backstop sized so
         // that admitted turns never reach it (a turn may have two jobs on one role at once).
