@@ -14,5 +14,13 @@ tools/smoke
 jvm=0
 clients/jvm/run-tests || jvm=$?
 # Every test binary runs even when one fails: a red run names all its failures at once.
-cargo test --release --locked --workspace --features kazeia-daemon/dbus --no-fail-fast
-exit "$jvm"
+rust=0
+cargo test --release --locked --workspace --features kazeia-daemon/dbus --no-fail-fast || rust=$?
+# The device's CPU threading: llama.cpp without OpenMP, as llama-cpp-sys-2 builds it for Android
+# (ggml's own thread pool), under the engine's tests (tests/side_by_side.rs decodes two roles at
+# once). A second build of llama.cpp, cached beside the first.
+device=0
+cargo test --release --locked -p kazeia-engine --no-default-features --no-fail-fast || device=$?
+for rc in "$rust" "$device" "$jvm"; do
+    [ "$rc" = 0 ] || exit "$rc"
+done

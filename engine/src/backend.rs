@@ -24,6 +24,9 @@ pub fn backend() -> Result<&'static LlamaBackend, LoadError> {
     // llama.cpp's own logging goes through tracing (RUST_LOG=llama_cpp_2=info to see it).
     send_logs_to_tracing(LogOptions::default());
     let b = LlamaBackend::init().map_err(|e| LoadError::Backend(e.to_string()))?;
+    // Which threads run the CPU's graphs: OpenMP here, ggml's own pool in the device's build.
+    let threads = if cfg!(feature = "openmp") { "OpenMP" } else { "ggml's thread pool (no OpenMP)" };
+    tracing::info!(threads, "llama.cpp backend ready");
     Ok(BACKEND.get_or_init(|| b))
 }
 
