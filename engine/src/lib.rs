@@ -38,6 +38,7 @@ pub use backend::{place, Placement};
 pub use error::{GenerateError, LoadError};
 pub use model::{ModelKey, SharedModel};
 pub use params::{Backend, FlashAttn, RoleParams, Sampling};
+pub use sampler::argmax;
 
 use job::{ClassifyJob, Job, Msg, PrefillJob};
 use worker::Worker;
