@@ -548,7 +548,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
         temperature: opts.temperature.unwrap_or(run.cfg.sampling.temperature),
         seed: opts.seed.unwrap_or(run.cfg.sampling.seed),
     };
-    let mut sampler = sampler::build(&plan, run.model.model.n_vocab());
+    let mut sampler = sampler::build(&plan);
     let room = n_ctx - total;
     let vocab = run.model.model.vocab();
     let mut decoder = encoding_rs::UTF_8.new_decoder();

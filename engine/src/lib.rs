@@ -17,7 +17,7 @@ mod model;
 pub mod params;
 mod prefix_file;
 mod prompt;
-mod sampler;
+pub mod sampler;
 pub mod think;
 mod worker;
 
@@ -38,7 +38,6 @@ pub use backend::{place, Placement};
 pub use error::{GenerateError, LoadError};
 pub use model::{ModelKey, SharedModel};
 pub use params::{Backend, FlashAttn, RoleParams, Sampling};
-pub use sampler::argmax;
 
 use job::{ClassifyJob, Job, Msg, PrefillJob};
 use worker::Worker;

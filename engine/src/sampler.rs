@@ -1,14 +1,18 @@
 //! The sampler for one request, from the role's config and the request's overrides.
 //!
-//! Greedy decoding (temperature 0, no repeat penalty: every guard check, and the benches) takes
-//! the arg max of the logits in place. llama.cpp's sampler first copies the whole vocabulary into
-//! a candidate array (49 152 × 12 bytes for SmolLM2) and then scans it: under callgrind that was
-//! 0.74 M instructions per decoded token, 0.65 % of SmolLM2-135M's step and all of the per-token
-//! gap to llama-bench that was ours (docs/ARCHITECTURE.md, Compute). Everything else goes through
-//! llama.cpp's chain.
+//! Ours, not llama.cpp's `llama_sampler_sample`, which copies the whole vocabulary into a
+//! candidate array every token (49 152 × 12 bytes for SmolLM2). Greedy decoding (temperature 0:
+//! every guard check, the benches) takes the arg max of the logits in place: under callgrind the
+//! copy and scan were 0.74 M instructions per decoded token, 0.65% of SmolLM2-135M's step and all
+//! of the per-token gap to llama-bench that was ours (docs/ARCHITECTURE.md, Compute). A draw
+//! (the Thinker's default) runs llama.cpp's chain on the top-k candidates only (`Sampler`).
+
+use std::collections::VecDeque;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::params::Sampling;
@@ -21,39 +25,198 @@ pub struct SamplingPlan {
     pub seed: u32,
 }
 
-/// How one request picks its tokens.
-pub enum Sampler {
-    /// The most likely token, read from the logits without a copy; stateless.
+/// How one request picks its tokens: llama.cpp's samplers on the candidates that can win.
+///
+/// llama.cpp's `llama_sampler_sample` copies the whole vocabulary into a candidate array, the
+/// repeat penalty looks every candidate up in a hash map, and top-k sorts them all: 311 µs a
+/// token with models.toml's Thinker settings on SmolLM2 (49 152 tokens), 4.6% of a 6.7 ms decode
+/// step here; ours 24 µs. The penalty is applied to the few tokens of its window (on a copy of
+/// the logits), the top-k cut is found in one pass, and llama.cpp's own chain (top-k, top-p, min-p,
+/// temperature, seeded draw) runs on the tokens at or above it: the same candidates with the same
+/// logits in the same order, so the same draws from the same seed (tests/sampling.rs). Only the
+/// order of candidates with equal logits inside the top k can differ (each as likely).
+pub struct Sampler {
+    penalty: Option<Penalty>,
+    pick: Pick,
+    /// The logits with the penalty applied, reused from token to token.
+    scratch: Vec<f32>,
+}
+
+enum Pick {
+    /// The most likely token (temperature 0).
     Greedy,
-    /// llama.cpp's sampler chain (penalties, top-k/p, min-p, temperature, seeded draw).
-    Chain(LlamaSampler),
+    /// A draw: llama.cpp's chain without the penalty, on the top `top_k` (all when 0).
+    Draw { top_k: usize, chain: LlamaSampler },
+}
+
+/// The repeat penalty's window, kept as llama.cpp's penalties sampler keeps it: the last
+/// `last_n` sampled tokens (the prompt is not in it) and how often each occurs.
+struct Penalty {
+    last_n: usize,
+    repeat: f32,
+    window: VecDeque<i32>,
+    counts: Vec<(i32, u32)>,
+}
+
+impl Penalty {
+    fn accept(&mut self, token: i32) {
+        match self.counts.iter_mut().find(|(t, _)| *t == token) {
+            Some((_, n)) => *n += 1,
+            None => self.counts.push((token, 1)),
+        }
+        if self.window.len() >= self.last_n {
+            if let Some(old) = self.window.pop_front() {
+                if let Some(i) = self.counts.iter().position(|(t, _)| *t == old) {
+                    self.counts[i].1 -= 1;
+                    if self.counts[i].1 == 0 {
+                        self.counts.swap_remove(i);
+                    }
+                }
+            }
+        }
+        self.window.push_back(token);
+    }
+
+    /// llama_sampler_penalties_apply's repeat penalty (frequency and presence are 0 here):
+    /// a positive logit divided, a negative one multiplied.
+    fn apply(&self, logits: &mut [f32]) {
+        for &(token, _) in &self.counts {
+            if let Some(l) = usize::try_from(token).ok().and_then(|i| logits.get_mut(i)) {
+                if *l <= 0.0 {
+                    *l *= self.repeat;
+                } else {
+                    *l /= self.repeat;
+                }
+            }
+        }
+    }
 }
 
 impl Sampler {
     /// The next token from the logits at `idx` of the last decoded batch.
     pub fn sample(&mut self, ctx: &LlamaContext<'_>, idx: i32) -> LlamaToken {
-        match self {
-            Sampler::Greedy => {
-                let logits = ctx.get_logits_ith(idx);
-                // A vocabulary is at most i32::MAX tokens (llama_vocab_n_tokens is an i32).
-                LlamaToken(i32::try_from(argmax(logits)).unwrap_or(0))
+        let logits = ctx.get_logits_ith(idx);
+        let values: &[f32] = match &self.penalty {
+            None => logits,
+            Some(p) => {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(logits);
+                p.apply(&mut self.scratch);
+                &self.scratch
             }
-            Sampler::Chain(chain) => chain.sample(ctx, idx),
+        };
+        let token = match &mut self.pick {
+            Pick::Greedy => index_token(argmax(values)),
+            Pick::Draw { top_k, chain } => {
+                let mut cands = LlamaTokenDataArray::new(candidates(values, *top_k), false);
+                chain.apply(&mut cands);
+                // The chain ends with a draw, which always selects.
+                cands.selected_token().unwrap_or_else(|| index_token(argmax(values)))
+            }
+        };
+        if let Some(p) = &mut self.penalty {
+            p.accept(token.0);
         }
+        token
     }
 }
 
-pub fn build(plan: &SamplingPlan, n_vocab: i32) -> Sampler {
-    let s = &plan.base;
-    if plan.temperature <= 0.0 && s.repeat_penalty == 1.0 {
-        return Sampler::Greedy;
+/// A vocabulary is at most i32::MAX tokens (llama_vocab_n_tokens is an i32).
+fn index_token(i: usize) -> LlamaToken {
+    LlamaToken(i32::try_from(i).unwrap_or(0))
+}
+
+/// The tokens that top-k can keep, in token order as llama.cpp lists them: every value at or
+/// above the `k`-th largest (all of them when `k` is 0, or when a NaN leaves fewer than `k`).
+fn candidates(values: &[f32], k: usize) -> Vec<LlamaTokenData> {
+    let all = || values.iter().enumerate().map(|(i, &v)| LlamaTokenData::new(index_token(i), v, 0.0)).collect();
+    if k == 0 || k >= values.len() {
+        return all();
     }
+    let cut = kth_largest(values, k);
+    let mut kept = Vec::with_capacity(k + 8);
+    for (c, chunk) in values.chunks(LANES).enumerate() {
+        if !chunk.iter().fold(false, |any, &x| any | (x >= cut)) {
+            continue;
+        }
+        for (j, &v) in chunk.iter().enumerate() {
+            if v >= cut {
+                kept.push(LlamaTokenData::new(index_token(c * LANES + j), v, 0.0));
+            }
+        }
+    }
+    if kept.len() < k {
+        return all();
+    }
+    kept
+}
+
+/// The `k`-th largest value (1 ≤ k < len): the best `k` kept sorted, each later value compared
+/// with the smallest of them, 16 at a time (a few hundred of 49 152 get in).
+fn kth_largest(values: &[f32], k: usize) -> f32 {
+    let mut best = values[..k].to_vec();
+    best.sort_unstable_by(|a, b| b.total_cmp(a));
+    let mut low = best[k - 1];
+    for chunk in values[k..].chunks(LANES) {
+        if !any_above(chunk, low) {
+            continue;
+        }
+        for &x in chunk {
+            if x > low {
+                let at = best.partition_point(|&b| b >= x);
+                best.insert(at, x);
+                best.pop();
+                low = best[k - 1];
+            }
+        }
+    }
+    low
+}
+
+const LANES: usize = 16;
+
+/// Whether any value is over `low` (without a branch per value, so it vectorises).
+fn any_above(chunk: &[f32], low: f32) -> bool {
+    chunk.iter().fold(false, |any, &x| any | (x > low))
+}
+
+pub fn build(plan: &SamplingPlan) -> Sampler {
+    let s = &plan.base;
+    let penalty = (s.repeat_penalty != 1.0 && s.repeat_last_n > 0).then(|| Penalty {
+        last_n: s.repeat_last_n as usize,
+        repeat: s.repeat_penalty,
+        window: VecDeque::new(),
+        counts: Vec::new(),
+    });
+    let pick = if plan.temperature <= 0.0 {
+        // Temperature 0: deterministic, the most likely token every time.
+        Pick::Greedy
+    } else {
+        let mut chain = Vec::new();
+        if s.top_k > 0 {
+            chain.push(LlamaSampler::top_k(s.top_k));
+        }
+        if s.top_p < 1.0 {
+            chain.push(LlamaSampler::top_p(s.top_p, 1));
+        }
+        if s.min_p > 0.0 {
+            chain.push(LlamaSampler::min_p(s.min_p, 1));
+        }
+        chain.push(LlamaSampler::temp(plan.temperature));
+        chain.push(LlamaSampler::dist(plan.seed));
+        Pick::Draw { top_k: usize::try_from(s.top_k).unwrap_or(0), chain: LlamaSampler::chain_simple(chain) }
+    };
+    Sampler { penalty, pick, scratch: Vec::new() }
+}
+
+/// llama.cpp's chain for the same plan, whole: the reference `Sampler` is tested against.
+pub fn llama_chain(plan: &SamplingPlan, n_vocab: i32) -> LlamaSampler {
+    let s = &plan.base;
     let mut chain = Vec::new();
     if s.repeat_penalty != 1.0 {
         chain.push(LlamaSampler::penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0));
     }
     if plan.temperature <= 0.0 {
-        // Temperature 0: deterministic, the most likely token every time.
         chain.push(LlamaSampler::greedy());
     } else {
         if s.top_k > 0 {
@@ -68,7 +231,7 @@ pub fn build(plan: &SamplingPlan, n_vocab: i32) -> Sampler {
         chain.push(LlamaSampler::temp(plan.temperature));
         chain.push(LlamaSampler::dist(plan.seed));
     }
-    Sampler::Chain(LlamaSampler::chain_simple(chain))
+    LlamaSampler::chain_simple(chain)
 }
 
 /// The index llama.cpp's greedy sampler picks: the first logit greater than all before it,
@@ -82,7 +245,6 @@ pub fn argmax(logits: &[f32]) -> usize {
         // Nothing compares greater than a NaN: llama.cpp keeps index 0.
         return 0;
     }
-    const LANES: usize = 16;
     let mut lanes = [first; LANES];
     let chunks = logits.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -102,7 +264,9 @@ pub fn argmax(logits: &[f32]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use std::collections::VecDeque;
+
+    use super::{argmax, candidates, Penalty};
     use proptest::prelude::*;
 
     /// llama_sampler_greedy_apply, as written in llama.cpp.
@@ -134,6 +298,52 @@ mod tests {
         fn argmax_is_llama_cpp_greedy(logits in prop::collection::vec(logit(), 0..200)) {
             prop_assert_eq!(argmax(&logits), reference(&logits));
         }
+    }
+
+    /// The values top-k keeps, by sorting them all.
+    fn top_k_reference(values: &[f32], k: usize) -> Vec<usize> {
+        if k == 0 || k >= values.len() {
+            return (0..values.len()).collect();
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+        let cut = sorted[k - 1];
+        (0..values.len()).filter(|&i| values[i] >= cut).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn candidates_are_the_top_k_and_their_ties(
+            values in prop::collection::vec(prop_oneof![4 => -30.0f32..30.0, 2 => (-3i32..3).prop_map(|v| v as f32)], 1..300),
+            k in 0usize..60,
+        ) {
+            let got: Vec<usize> = candidates(&values, k).iter().map(|d| d.id().0 as usize).collect();
+            prop_assert_eq!(&got, &top_k_reference(&values, k));
+            for d in candidates(&values, k) {
+                prop_assert_eq!(d.logit(), values[d.id().0 as usize]);
+            }
+        }
+    }
+
+    #[test]
+    fn penalty_window_counts_as_llama_cpp() {
+        let mut p = Penalty { last_n: 3, repeat: 2.0, window: VecDeque::new(), counts: Vec::new() };
+        for t in [5, 5, 7, 9] {
+            p.accept(t);
+        }
+        // The window holds 5, 7, 9: the first 5 left it.
+        let mut counts = p.counts.clone();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![(5, 1), (7, 1), (9, 1)]);
+        let mut logits = vec![1.0f32; 10];
+        logits[7] = -1.0;
+        p.apply(&mut logits);
+        assert_eq!((logits[5], logits[7], logits[9], logits[6]), (0.5, -2.0, 0.5, 1.0));
+        p.accept(7);
+        p.accept(7);
+        let mut counts = p.counts.clone();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![(7, 2), (9, 1)]);
     }
 
     #[test]
