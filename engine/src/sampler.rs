@@ -192,21 +192,29 @@ pub fn build(plan: &SamplingPlan) -> Sampler {
         // Temperature 0: deterministic, the most likely token every time.
         Pick::Greedy
     } else {
-        let mut chain = Vec::new();
-        if s.top_k > 0 {
-            chain.push(LlamaSampler::top_k(s.top_k));
-        }
-        if s.top_p < 1.0 {
-            chain.push(LlamaSampler::top_p(s.top_p, 1));
-        }
-        if s.min_p > 0.0 {
-            chain.push(LlamaSampler::min_p(s.min_p, 1));
-        }
-        chain.push(LlamaSampler::temp(plan.temperature));
-        chain.push(LlamaSampler::dist(plan.seed));
-        Pick::Draw { top_k: usize::try_from(s.top_k).unwrap_or(0), chain: LlamaSampler::chain_simple(chain) }
+        let top_k = usize::try_from(plan.base.top_k).unwrap_or(0);
+        Pick::Draw { top_k, chain: LlamaSampler::chain_simple(draw(plan)) }
     };
     Sampler { penalty, pick, scratch: Vec::new() }
+}
+
+/// llama.cpp's samplers after the penalty for a draw (temperature > 0): top-k, top-p, min-p
+/// where set, then the temperature and the seeded draw.
+fn draw(plan: &SamplingPlan) -> Vec<LlamaSampler> {
+    let s = &plan.base;
+    let mut chain = Vec::new();
+    if s.top_k > 0 {
+        chain.push(LlamaSampler::top_k(s.top_k));
+    }
+    if s.top_p < 1.0 {
+        chain.push(LlamaSampler::top_p(s.top_p, 1));
+    }
+    if s.min_p > 0.0 {
+        chain.push(LlamaSampler::min_p(s.min_p, 1));
+    }
+    chain.push(LlamaSampler::temp(plan.temperature));
+    chain.push(LlamaSampler::dist(plan.seed));
+    chain
 }
 
 /// llama.cpp's chain for the same plan, whole: the reference `Sampler` is tested against.
@@ -219,17 +227,7 @@ pub fn llama_chain(plan: &SamplingPlan, n_vocab: i32) -> LlamaSampler {
     if plan.temperature <= 0.0 {
         chain.push(LlamaSampler::greedy());
     } else {
-        if s.top_k > 0 {
-            chain.push(LlamaSampler::top_k(s.top_k));
-        }
-        if s.top_p < 1.0 {
-            chain.push(LlamaSampler::top_p(s.top_p, 1));
-        }
-        if s.min_p > 0.0 {
-            chain.push(LlamaSampler::min_p(s.min_p, 1));
-        }
-        chain.push(LlamaSampler::temp(plan.temperature));
-        chain.push(LlamaSampler::dist(plan.seed));
+        chain.extend(draw(plan));
     }
     LlamaSampler::chain_simple(chain)
 }
