@@ -94,13 +94,17 @@ pub const PREFILL_CUT: char = '\u{E000}';
 /// [`PREFILL_CUT`]; nothing is sampled or answered. It yields to every request: when its turn
 /// comes with anything queued behind it, it answers `busy` without running, and a request
 /// that comes while it runs waits for one chunk of it (32 tokens), then it stops (`busy`),
-/// keeping what it decoded.
+/// keeping what it decoded. With [`Upto::Generation`] or [`Upto::Check`] the prompt is whole
+/// instead (the transcript of a whole utterance, ready before the end of the turn is decided):
+/// the request that follows with the same messages decodes only its last token.
 #[derive(Debug, Clone)]
 pub struct PrefillRequest {
     pub role: String,
     pub messages: Vec<ChatMessage>,
     /// Cache slot, as for [`GenerateRequest::slot`].
     pub slot: u32,
+    /// How far to go: the cut mark by default.
+    pub upto: Upto,
     /// Where to hear of each chunk decoded ([`GenEvent::Prefill`]: tokens in the context of
     /// the prompt's total; on a hybrid model the pass to where the turn's text begins first,
     /// against that point), as a generation's prefill is heard of; none by default.
@@ -109,8 +113,23 @@ pub struct PrefillRequest {
 
 impl PrefillRequest {
     pub fn new(role: impl Into<String>, messages: Vec<ChatMessage>, slot: u32) -> PrefillRequest {
-        PrefillRequest { role: role.into(), messages, slot, progress: None }
+        PrefillRequest { role: role.into(), messages, slot, upto: Upto::Cut, progress: None }
     }
+}
+
+/// How far a [`PrefillRequest`] goes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Upto {
+    /// To [`PREFILL_CUT`]: the words heard so far.
+    #[default]
+    Cut,
+    /// A generation's whole prompt (`thinking_budget` as its request's), less what the generation
+    /// decodes itself: its last token, or on a hybrid model what follows the conversation (the
+    /// generation keeps its state there for the next turn, which a longer prefill would refuse).
+    Generation { thinking_budget: Option<u32> },
+    /// A check's (a classification's) whole prompt with this answer start, less its last token
+    /// (the check decodes it for the labels' logits).
+    Check { answer_prefix: String },
 }
 
 /// What a prefill did.

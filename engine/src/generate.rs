@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use crate::api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, LlmError, Prefilled as PrefillSummary,
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, LlmError, Prefilled as PrefillSummary, Upto,
     PREFILL_CUT,
 };
 use kazeia_ipc::{Metrics, StopReason};
@@ -181,7 +181,10 @@ impl Run<'_, '_> {
         let Some(cut) = p.base.rfind(PREFILL_CUT) else {
             return Err(GenerateError::Prompt("the rendered prompt has no cut mark".into()));
         };
-        let tokens = self.model.model.vocab().tokenize(&p.base.as_bytes()[..cut], true, true);
+        // Spaces before the mark belong to the text after it ("ASSISTANT: " then the reply:
+        // " The" is one token).
+        let head = p.base[..cut].trim_end_matches(' ');
+        let tokens = self.model.model.vocab().tokenize(head.as_bytes(), true, true);
         if tokens.is_empty() {
             return Err(GenerateError::Prompt("the prompt is empty".into()));
         }
@@ -492,6 +495,12 @@ fn fixed_opening(run: &mut Run<'_, '_>, messages: &[ChatMessage], tokens: &[Llam
     (n >= 16 && n < tokens.len() && tokens[..n] == a[..n]).then_some(n)
 }
 
+/// Whether a generation with this request budget reasons: a budget bounds the reasoning of a
+/// role that reasons; it never turns it on.
+fn thinks(cfg: &RoleParams, budget: Option<u32>) -> bool {
+    cfg.thinking && budget.or(cfg.thinking_budget) != Some(0)
+}
+
 fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateError> {
     let start = job.submitted;
     let opts = &job.request.options;
@@ -499,8 +508,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let cancelled = || job.cancel.is_cancelled() || job.events.is_closed();
     let max_new = opts.max_tokens.unwrap_or(run.cfg.sampling.max_tokens);
     let budget = opts.thinking_budget.or(run.cfg.thinking_budget);
-    // A budget bounds the reasoning of a role that reasons; it never turns it on.
-    let thinking = run.cfg.thinking && budget != Some(0);
+    let thinking = thinks(run.cfg, opts.thinking_budget);
     // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
     let budget = budget.unwrap_or(max_new).max(1);
     let (tokens, base, opened) = run.tokenize(&job.request.messages, &job.request.answer_prefix, thinking)?;
@@ -772,7 +780,27 @@ fn prefill_ahead(
 ) -> Result<PrefillSummary, GenerateError> {
     let t = Instant::now();
     let messages = &job.request.messages;
-    let tokens = run.tokenize_until(messages)?;
+    let tokens = match &job.request.upto {
+        Upto::Cut => run.tokenize_until(messages)?,
+        Upto::Generation { thinking_budget } => {
+            let thinking = thinks(run.cfg, *thinking_budget);
+            let (mut tokens, base, _) = run.tokenize(messages, "", thinking)?;
+            // Where `generate` starts decoding: its hybrid pass ends before the last token of the
+            // conversation, an attention model's prefill before the prompt's last token.
+            let end = if base >= 2 && run.model.recurrent_state() { base - 1 } else { tokens.len() - 1 };
+            tokens.truncate(end);
+            tokens
+        }
+        Upto::Check { answer_prefix } => {
+            let (mut tokens, _, _) = run.tokenize(messages, answer_prefix, false)?;
+            tokens.pop();
+            tokens
+        }
+    };
+    if tokens.is_empty() {
+        // A one-token prompt: its request decodes it anyway.
+        return Ok(PrefillSummary { prompt_tokens: 0, prefilled_tokens: 0, ms: t.elapsed().as_secs_f64() * 1e3 });
+    }
     let stop = || job.cancel.is_cancelled() || queued();
     let progress = job.request.progress.as_ref();
     let role = run.cfg.role.clone();

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use api::{
     ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
-    LlmError, PrefillRequest, Prefilled, PREFILL_CUT,
+    LlmError, PrefillRequest, Prefilled, Upto, PREFILL_CUT,
 };
 pub use backend::{place, Placement};
 pub use error::{GenerateError, LoadError};

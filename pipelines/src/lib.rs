@@ -12,7 +12,7 @@ pub use definition::{Pipeline, PipelineError, Plan, Registry, Stage};
 pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
 pub use kazeia_engine::api::{
     ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
-    LlmError, PrefillRequest, Prefilled,
+    LlmError, PrefillRequest, Prefilled, Upto,
 };
 pub use runner::{check, run_turn, Engines, TurnInput, Verdict};
 pub use session::Sessions;

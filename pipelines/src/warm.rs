@@ -11,8 +11,15 @@
 //! left out (Whisper often changes it, or the punctuation after it, once it hears more); where
 //! the final transcript departs from the partial anyway, the common prefix stays and the rest is
 //! decoded again, as for any prompt.
+//!
+//! The transcript of the whole utterance, when it is ready before the end of the turn is decided
+//! (Whisper starts `draft_ahead` into the silence, the pause is called later), is prefilled whole
+//! instead: the input check's prompt to its last token, the Thinker's to where its generation
+//! starts decoding, the output check's up to the reply. If the turn ends there, its requests
+//! find their prompts held (the input check decodes 1 token instead of the question's last words
+//! and the ~12 of its fixed closing).
 
-use kazeia_engine::api::{LlmError, PrefillRequest, Prefilled, PREFILL_CUT};
+use kazeia_engine::api::{LlmError, PrefillRequest, Prefilled, Upto, PREFILL_CUT};
 use tokio_util::sync::CancellationToken;
 
 use crate::definition::Pipeline;
@@ -32,30 +39,59 @@ pub fn settled(text: &str) -> Option<&str> {
 }
 
 /// Prefill the roles of `pipeline` that read the user's text (the input guard, the Thinker, the
-/// output guard) with `input.text` as heard so far. Returns each role's outcome, in that order (a prefill skipped
-/// for a request says `busy`; nothing here fails the turn).
+/// output guard) with `input.text` as heard so far, or with `whole` as the turn's likely
+/// transcript. Returns each role's outcome, in that order (a prefill skipped for a request says
+/// `busy`; nothing here fails the turn).
 pub async fn warm(
     pipeline: &Pipeline,
     input: &TurnInput,
+    whole: bool,
     engines: Engines<'_>,
     cancel: CancellationToken,
 ) -> Vec<(String, Result<Prefilled, LlmError>)> {
     let Ok(plan) = pipeline.plan() else { return Vec::new() };
-    let Some(head) = settled(&input.text) else { return Vec::new() };
-    let marked = format!("{head}{PREFILL_CUT}");
+    if input.text.contains(PREFILL_CUT) {
+        return Vec::new();
+    }
+    let heard = match whole {
+        true if !input.text.trim().is_empty() => input.text.clone(),
+        true => return Vec::new(),
+        false => match settled(&input.text) {
+            Some(head) => format!("{head}{PREFILL_CUT}"),
+            None => return Vec::new(),
+        },
+    };
     // A pipeline without the prefix cache starts each check from an empty slot: a guard's
     // prefill would be thrown away.
     let guards = pipeline.prefix_cache;
     let guard_prefill = |role: &String, check: Check| {
-        let p = engines.policy.format.prompt(check, &marked, "");
-        let r = PrefillRequest::new(role.clone(), p.messages, check.slot());
+        let r = match (check, whole) {
+            (Check::Input, true) => {
+                let p = engines.policy.format.prompt(check, &heard, "");
+                let mut r = PrefillRequest::new(role.clone(), p.messages, check.slot());
+                r.upto = Upto::Check { answer_prefix: p.answer_prefix };
+                r
+            }
+            // The reply is not written yet: up to where it goes.
+            (Check::Output, true) => {
+                let p = engines.policy.format.prompt(check, &heard, &PREFILL_CUT.to_string());
+                PrefillRequest::new(role.clone(), p.messages, check.slot())
+            }
+            (_, false) => {
+                let p = engines.policy.format.prompt(check, &heard, "");
+                PrefillRequest::new(role.clone(), p.messages, check.slot())
+            }
+        };
         (role.clone(), engines.llm.prefill(r, cancel.clone()))
     };
     // The input check first (the turn needs it first), with the Thinker beside it: the roles
     // decode one at a time anyway.
     let input_check = plan.input_guard.as_ref().filter(|_| guards).map(|role| guard_prefill(role, Check::Input));
     let thinker = plan.think.as_ref().map(|role| {
-        let r = PrefillRequest::new(role.clone(), thinker_messages(&plan, input, &engines, &marked), 0);
+        let mut r = PrefillRequest::new(role.clone(), thinker_messages(&plan, input, &engines, &heard), 0);
+        if whole {
+            r.upto = Upto::Generation { thinking_budget: input.options.thinking_budget.or(plan.think_budget) };
+        }
         (role.clone(), engines.llm.prefill(r, cancel.clone()))
     });
     let mut outcomes = Vec::new();

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use kazeia_ipc::{Event, Metrics, StopReason};
 use kazeia_pipelines::{
-    run_turn, ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateRequest,
-    GuardPolicy, Label, Llm, LlmError, PrefillRequest, Prefilled, Registry, Sessions, TurnInput,
+    run_turn, ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateOptions,
+    GenerateRequest, GuardPolicy, Label, Llm, LlmError, PrefillRequest, Prefilled, Registry, Sessions, TurnInput, Upto,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -35,8 +35,8 @@ struct Scripted {
     guard_saw: Mutex<String>,
     /// Each check's slot and text, in order.
     checks: Mutex<Vec<(u32, String)>>,
-    /// The prefills ahead of time asked for: (role, slot, the messages' text).
-    prefilled: Mutex<Vec<(String, u32, String)>>,
+    /// The prefills ahead of time asked for: (role, slot, the messages' text, how far).
+    prefilled: Mutex<Vec<(String, u32, String, Upto)>>,
     classified: AtomicU32,
     /// The Thinker's reply, streamed a word at a time.
     reply: Vec<String>,
@@ -124,7 +124,7 @@ impl Llm for Scripted {
         request: PrefillRequest,
         _cancel: CancellationToken,
     ) -> Result<oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError> {
-        self.prefilled.lock().unwrap().push((request.role, request.slot, text_of(&request.messages)));
+        self.prefilled.lock().unwrap().push((request.role, request.slot, text_of(&request.messages), request.upto));
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(Prefilled { prompt_tokens: 1, prefilled_tokens: 1, ms: 1.0 }));
         Ok(rx)
@@ -279,7 +279,7 @@ async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
     sessions.append("s", ChatMessage::new("user", "Hi."), ChatMessage::new("assistant", "Hello!"));
     let engines = || Engines { llm: &llm, policy: &policy, sessions: Some(&sessions) };
     let partial = TurnInput { text: "What is the capital.".into(), session: Some("s".into()), ..Default::default() };
-    let outcomes = kazeia_pipelines::warm(pipeline, &partial, engines(), CancellationToken::new()).await;
+    let outcomes = kazeia_pipelines::warm(pipeline, &partial, false, engines(), CancellationToken::new()).await;
     assert_eq!(
         outcomes.iter().map(|(r, o)| (r.as_str(), o.is_ok())).collect::<Vec<_>>(),
         [("guard", true), ("thinker", true), ("guard", true)]
@@ -293,21 +293,73 @@ async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
     let cut = |t: &str| t.split('\u{E000}').next().unwrap().to_string();
     let checks = llm.checks.lock().unwrap().clone();
     let check = |slot: u32| &checks.iter().find(|(s, _)| *s == slot).expect("a check of the slot").1;
-    let (role, slot, guard) = &prefilled[0];
+    let (role, slot, guard, _) = &prefilled[0];
     assert_eq!((role.as_str(), *slot), ("guard", Check::Input.slot()));
     assert!(cut(guard).ends_with("What is the"), "{guard:?}");
     assert!(check(*slot).starts_with(&cut(guard)), "the input check starts with the prefill");
-    let (role, slot, output) = &prefilled[2];
+    let (role, slot, output, _) = &prefilled[2];
     assert_eq!((role.as_str(), *slot), ("guard", Check::Output.slot()));
     assert!(cut(output).ends_with("What is the"), "{output:?}");
     assert!(check(*slot).starts_with(&cut(output)), "the output check starts with the prefill");
-    let (role, slot, thinker) = &prefilled[1];
+    let (role, slot, thinker, _) = &prefilled[1];
     assert_eq!((role.as_str(), *slot), ("thinker", 0));
     let asked = text_of(&llm.thinker_messages.lock().unwrap());
     assert!(asked.contains("Hello!") && asked.starts_with(&cut(thinker)), "{asked:?} / {thinker:?}");
     assert!(cut(thinker).ends_with("user: What is the"), "{thinker:?}");
 
+    assert!(prefilled.iter().all(|p| p.3 == Upto::Cut), "{prefilled:?}");
+
     // One word heard: nothing worth prefilling.
     let one = TurnInput { text: "What".into(), ..Default::default() };
-    assert!(kazeia_pipelines::warm(pipeline, &one, engines(), CancellationToken::new()).await.is_empty());
+    assert!(kazeia_pipelines::warm(pipeline, &one, false, engines(), CancellationToken::new()).await.is_empty());
+}
+
+/// The whole utterance's transcript before its pause: the input check's and the Thinker's
+/// prompts are the turn's own, whole (the engine stops before what the requests decode); the
+/// output check's goes up to where the reply begins.
+#[tokio::test]
+async fn a_whole_transcript_is_prefilled_as_the_turn_will_ask() {
+    let llm = Scripted::new(|_, _| Label::Safe);
+    let registry = Registry::builtin();
+    let pipeline = registry.get("guarded-chat").unwrap();
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let sessions = Sessions::new(Duration::from_secs(60));
+    sessions.append("s", ChatMessage::new("user", "Hi."), ChatMessage::new("assistant", "Hello!"));
+    let engines = || Engines { llm: &llm, policy: &policy, sessions: Some(&sessions) };
+    let question = "What is the capital of France?";
+    let input = |budget| TurnInput {
+        text: question.into(),
+        session: Some("s".into()),
+        options: GenerateOptions { thinking_budget: budget, ..Default::default() },
+        ..Default::default()
+    };
+    let outcomes = kazeia_pipelines::warm(pipeline, &input(Some(0)), true, engines(), CancellationToken::new()).await;
+    assert_eq!(outcomes.len(), 3);
+    let (tx, _rx) = mpsc::unbounded_channel();
+    run_turn(pipeline, input(Some(0)), engines(), CancellationToken::new(), tx).await;
+    let prefilled = llm.prefilled.lock().unwrap().clone();
+    let checks = llm.checks.lock().unwrap().clone();
+    let check = |slot: u32| checks.iter().find(|(s, _)| *s == slot).expect("a check of the slot").1.clone();
+
+    let (role, slot, text, upto) = &prefilled[0];
+    assert_eq!((role.as_str(), *slot), ("guard", Check::Input.slot()));
+    assert_eq!(*text, check(*slot), "the input check's own prompt");
+    let prefix = policy.format.prompt(Check::Input, question, "").answer_prefix;
+    assert_eq!(*upto, Upto::Check { answer_prefix: prefix });
+    let (role, slot, text, upto) = &prefilled[1];
+    assert_eq!((role.as_str(), *slot), ("thinker", 0));
+    assert_eq!(*text, text_of(&llm.thinker_messages.lock().unwrap()), "the Thinker's own prompt");
+    assert_eq!(*upto, Upto::Generation { thinking_budget: Some(0) });
+    let (role, slot, text, upto) = &prefilled[2];
+    assert_eq!((role.as_str(), *slot), ("guard", Check::Output.slot()));
+    assert_eq!(*upto, Upto::Cut);
+    let head = text.split('\u{E000}').next().unwrap();
+    assert!(head.contains(question) && check(*slot).starts_with(head), "{head:?}");
+    assert!(head.trim_end().ends_with("ASSISTANT:"), "up to the reply: {head:?}");
+
+    // Nothing heard, or the cut mark in the text: nothing prefilled.
+    for text in ["", "  ", "a\u{E000} b"] {
+        let t = TurnInput { text: text.into(), ..Default::default() };
+        assert!(kazeia_pipelines::warm(pipeline, &t, true, engines(), CancellationToken::new()).await.is_empty());
+    }
 }

@@ -141,10 +141,20 @@ impl Task {
     }
 }
 
-/// Where partial transcripts go while the user speaks, with whether it is the draft of the
-/// whole utterance at a pause or just before one (the turn may end on it) rather than one taken
-/// during speech.
-pub type Partial = Box<dyn Fn(&Transcript, bool) + Send>;
+/// Where partial transcripts go while the user speaks, with what each covers.
+pub type Partial = Box<dyn Fn(&Transcript, Covers) + Send>;
+
+/// What a draft transcript covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Covers {
+    /// The speech so far, the user still speaking: its last word may change.
+    SoFar,
+    /// The whole utterance, drafted `draft_ahead` into its silence and ready before the pause is
+    /// called: the turn's transcript if the user says no more.
+    Ahead,
+    /// The whole utterance at a pause the end-of-turn model doubts: an early reply takes it.
+    Pause,
+}
 
 /// Listen to a stream: partial transcripts go to `partial`, what was heard comes through the
 /// receiver (see [`Heard`]); the task then watches for barge-in, cancelling `turn` when the user
@@ -386,9 +396,16 @@ fn listen(
             if heard_words(t) {
                 // The whole utterance so far: a pause's draft, or one started `draft_ahead` into
                 // this silence with nothing heard after its audio (the pause will take it).
-                let whole = !spoke_since_draft
-                    && (waiting.is_some() || ahead.is_some_and(|(_, until)| vad.heard_until() <= until));
-                partial(t, whole);
+                let covers = if spoke_since_draft {
+                    Covers::SoFar
+                } else if waiting.is_some() {
+                    Covers::Pause
+                } else if ahead.is_some_and(|(_, until)| vad.heard_until() <= until) {
+                    Covers::Ahead
+                } else {
+                    Covers::SoFar
+                };
+                partial(t, covers);
                 // The draft of the whole utterance, chosen at the pause the model doubts
                 // (started there or `draft_ahead` into its silence): the turn's transcript if
                 // the user says no more.

@@ -78,23 +78,27 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let mut early: Option<Reply<'_>> = None;
     // Early replies being stopped: driven beside the rest, all ended before the final event.
     let mut dropped: Dropped<'_> = FuturesUnordered::new();
-    // Partial transcripts taken during speech, for the roles to prefill while the user speaks.
-    let (heard_so_far, mut partials) = mpsc::unbounded_channel::<String>();
+    // Partial transcripts taken during speech, for the roles to prefill while the user speaks
+    // (`true`: the whole utterance's, before its pause).
+    let (heard_so_far, mut partials) = mpsc::unbounded_channel::<(String, bool)>();
     let (text, language) = if turn.plan.transcribe {
         let (mut heard, task) = match audio {
             Some(AudioSource::Stream(ring)) => {
                 let (out, id) = (out.clone(), id.clone());
-                let partial: listen::Partial = Box::new(move |t, whole| {
+                let partial: listen::Partial = Box::new(move |t, covers| {
                     out(Frame::event(&Event::Transcript {
                         id: id.clone(),
                         text: t.text.clone(),
                         language: Some(t.language.clone()),
                         is_final: false,
                     }));
-                    // The whole utterance's draft at a pause is the turn's own transcript, or
-                    // an early reply's: no prefill ahead of either.
-                    if !whole {
-                        let _ = heard_so_far.send(t.text.clone());
+                    // The whole utterance's draft before its pause is prefilled whole (the
+                    // turn's requests then find their prompts held); at a pause the model
+                    // doubts, an early reply takes it.
+                    match covers {
+                        listen::Covers::SoFar => drop(heard_so_far.send((t.text.clone(), false))),
+                        listen::Covers::Ahead => drop(heard_so_far.send((t.text.clone(), true))),
+                        listen::Covers::Pause => {}
                     }
                 });
                 listen::start(sup.clone(), ring, turn.cancel.clone(), partial)
@@ -123,16 +127,16 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                         continue;
                     }
                     Some(()) = dropped.next() => continue,
-                    Some(t) = partials.recv() => {
-                        dropped.push(prefill_ahead(sup, turn, t));
+                    Some((t, whole)) = partials.recv() => {
+                        dropped.push(prefill_ahead(sup, turn, t, whole));
                         continue;
                     }
                 },
                 None => tokio::select! {
                     h = heard.recv() => h,
                     Some(()) = dropped.next() => continue,
-                    Some(t) = partials.recv() => {
-                        dropped.push(prefill_ahead(sup, turn, t));
+                    Some((t, whole)) = partials.recv() => {
+                        dropped.push(prefill_ahead(sup, turn, t, whole));
                         continue;
                     }
                 },
@@ -298,21 +302,27 @@ type RunFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 type Dropped<'a> = FuturesUnordered<RunFuture<'a>>;
 
 /// While the user speaks: both guard checks and the Thinker prefill the words heard so far
-/// (`kazeia_pipelines::warm`), so that at the end of the turn they decode only the rest. Each
-/// yields to any request of the roles; nothing is sampled or released.
-fn prefill_ahead<'a>(sup: &'a Arc<Supervisor>, turn: &'a Turn, text: String) -> RunFuture<'a> {
+/// (`kazeia_pipelines::warm`), so that at the end of the turn they decode only the rest; `whole`:
+/// the transcript of the whole utterance, before its pause. Each yields to any request of the
+/// roles; nothing is sampled or released.
+fn prefill_ahead<'a>(sup: &'a Arc<Supervisor>, turn: &'a Turn, text: String, whole: bool) -> RunFuture<'a> {
     Box::pin(async move {
         if !turn.plan.has_text_stages() {
             return;
         }
+        // The turn's reasoning budget: a whole prompt prefilled ahead is the Thinker's as the
+        // turn will render it (think block open or empty).
+        let options = GenerateOptions { thinking_budget: turn.request.options.thinking_budget, ..Default::default() };
         let input = TurnInput {
             text,
+            options,
             session: turn.request.session.as_deref().map(|s| session_key(turn.who.uid, s)),
             ..TurnInput::default()
         };
         let engines = Engines { llm: &sup.engine, policy: &sup.config.guard, sessions: Some(&sup.sessions) };
         let t = Instant::now();
-        for (role, outcome) in kazeia_pipelines::warm(&turn.pipeline, &input, engines, turn.cancel.child_token()).await
+        for (role, outcome) in
+            kazeia_pipelines::warm(&turn.pipeline, &input, whole, engines, turn.cancel.child_token()).await
         {
             match outcome {
                 Ok(p) => tracing::debug!(

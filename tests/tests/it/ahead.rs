@@ -73,11 +73,16 @@ async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> k
 /// The roles of the guarded chat prefilled with `partial` (pipelines' warm); each role's
 /// prompt tokens up to the cut.
 async fn warm(engine: &Engine, policy: &GuardPolicy, partial: &str) -> Vec<(String, u32)> {
+    warm_with(engine, policy, partial, false).await
+}
+
+/// The same with `whole`: `text` is the whole utterance's transcript.
+async fn warm_with(engine: &Engine, policy: &GuardPolicy, text: &str, whole: bool) -> Vec<(String, u32)> {
     let registry = Registry::builtin();
     let pipeline = registry.get("guarded-chat").unwrap();
-    let input = TurnInput { text: partial.into(), ..Default::default() };
+    let input = TurnInput { text: text.into(), ..Default::default() };
     let engines = Engines { llm: engine, policy, sessions: None };
-    kazeia_pipelines::warm(pipeline, &input, engines, CancellationToken::new())
+    kazeia_pipelines::warm(pipeline, &input, whole, engines, CancellationToken::new())
         .await
         .into_iter()
         .map(|(role, r)| (role, r.unwrap().prompt_tokens))
@@ -130,6 +135,64 @@ async fn ahead_then_whole(file: &std::path::Path) {
             assert!(check.prefilled_tokens < cold_check.prefilled_tokens, "{file:?}: {check:?} vs {cold_check:?}");
         }
     }
+}
+
+/// The whole utterance's transcript, prefilled before the turn ends on it: the input check
+/// decodes its last token only, the Thinker only what its generation decodes itself (the last
+/// token; on a hybrid model what follows the conversation), the output check the reply and its
+/// closing; every answer and verdict as a cold context's.
+async fn whole_then_turn(file: &std::path::Path) {
+    let question = "What is the capital of France?";
+    let cold = engine(file);
+    let (cold_reply, cold_summary) = answer(&cold, question).await;
+    let cold_check = input_check(&cold, question).await;
+    let cold_output = guard_check(&cold, Check::Output, question, &cold_reply).await;
+
+    let policy = GuardPolicy { format: FORMAT, ..GuardPolicy::default() };
+    let warm_engine = engine(file);
+    input_check(&warm_engine, "Hello there.").await;
+    // First the words heard during speech, then the whole utterance, as a voice turn has them.
+    warm(&warm_engine, &policy, "What is the capital.").await;
+    let prefilled = warm_with(&warm_engine, &policy, question, true).await;
+    let roles: Vec<&str> = prefilled.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(roles, ["guard", "thinker", "guard"], "{file:?}");
+    let (guard_ahead, thinker_ahead, output_ahead) = (prefilled[0].1, prefilled[1].1, prefilled[2].1);
+
+    let check = input_check(&warm_engine, question).await;
+    assert_eq!(check.label, cold_check.label, "{file:?}");
+    for ((l, p), (_, q)) in check.scores.iter().zip(&cold_check.scores) {
+        assert!((p - q).abs() < 0.02, "{file:?} {l}: {p} vs {q}");
+    }
+    assert_eq!(guard_ahead + 1, check.prompt_tokens, "{file:?}: {check:?}");
+    assert_eq!(check.prefilled_tokens, 1, "{file:?}: {check:?}");
+
+    let (reply, summary) = answer(&warm_engine, question).await;
+    assert_eq!(reply, cold_reply, "{file:?}: not the answer of a full prefill");
+    assert_eq!(summary.metrics.prompt_tokens, cold_summary.metrics.prompt_tokens);
+    assert_eq!(summary.cached_tokens, thinker_ahead, "{file:?}: {summary:?}");
+    assert_eq!(summary.prefilled_tokens, summary.metrics.prompt_tokens - thinker_ahead, "{file:?}: {summary:?}");
+    if !file.to_string_lossy().contains("qwen35") {
+        assert_eq!(summary.prefilled_tokens, 1, "{file:?}: {summary:?}");
+    }
+
+    let output = guard_check(&warm_engine, Check::Output, question, &reply).await;
+    assert_eq!(output.label, cold_output.label, "{file:?}");
+    for ((l, p), (_, q)) in output.scores.iter().zip(&cold_output.scores) {
+        assert!((p - q).abs() < 0.02, "{file:?} output {l}: {p} vs {q}");
+    }
+    // Held up to where the reply begins: the question's last word and the assistant's label
+    // were decoded ahead, the reply and the closing lines now.
+    assert_eq!(output.prefilled_tokens, output.prompt_tokens - output_ahead, "{file:?}: {output:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_whole_transcript_prefilled_leaves_the_turn_its_last_tokens() {
+    whole_then_turn(&smollm2()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen35_a_whole_transcript_prefilled_leaves_the_turn_its_last_tokens() {
+    whole_then_turn(&qwen35_tiny()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
