@@ -65,23 +65,13 @@ pub async fn warm(
     // prefill would be thrown away.
     let guards = pipeline.prefix_cache;
     let guard_prefill = |role: &String, check: Check| {
-        let r = match (check, whole) {
-            (Check::Input, true) => {
-                let p = engines.policy.format.prompt(check, &heard, "");
-                let mut r = PrefillRequest::new(role.clone(), p.messages, check.slot());
-                r.upto = Upto::Check { answer_prefix: p.answer_prefix };
-                r
-            }
-            // The reply is not written yet: up to where it goes.
-            (Check::Output, true) => {
-                let p = engines.policy.format.prompt(check, &heard, &PREFILL_CUT.to_string());
-                PrefillRequest::new(role.clone(), p.messages, check.slot())
-            }
-            (_, false) => {
-                let p = engines.policy.format.prompt(check, &heard, "");
-                PrefillRequest::new(role.clone(), p.messages, check.slot())
-            }
-        };
+        // A whole transcript's output check: the reply is not written yet, up to where it goes.
+        let reply = if whole && check == Check::Output { PREFILL_CUT.to_string() } else { String::new() };
+        let p = engines.policy.format.prompt(check, &heard, &reply);
+        let mut r = PrefillRequest::new(role.clone(), p.messages, check.slot());
+        if whole && check == Check::Input {
+            r.upto = Upto::Check { answer_prefix: p.answer_prefix };
+        }
         (role.clone(), engines.llm.prefill(r, cancel.clone()))
     };
     // The input check first (the turn needs it first), with the Thinker beside it: the roles
