@@ -7,11 +7,13 @@
 use kazeia_engine::Engine;
 use kazeia_ipc::ErrorCode;
 use kazeia_pipelines::{
-    ChatMessage, Check, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateOptions, GenerateRequest, GuardFormat,
-    GuardPolicy, Llm, PrefillRequest, Registry, TurnInput,
+    ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateOptions,
+    GenerateRequest, GuardFormat, GuardPolicy, Llm, PrefillRequest, Registry, TurnInput,
 };
 use kazeia_tests::{config, model_toml, qwen35_tiny, smollm2};
 use tokio_util::sync::CancellationToken;
+
+use crate::same_verdict;
 
 /// The target guard's format: its input and output checks share almost nothing (the first line
 /// names the user or the assistant), so the output check's slot gains only from its own prefill
@@ -53,11 +55,11 @@ async fn generate(engine: &Engine, messages: Vec<ChatMessage>) -> (String, GenSu
     }
 }
 
-async fn input_check(engine: &Engine, text: &str) -> kazeia_pipelines::Classification {
+async fn input_check(engine: &Engine, text: &str) -> Classification {
     guard_check(engine, Check::Input, text, "").await
 }
 
-async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> kazeia_pipelines::Classification {
+async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> Classification {
     let p = FORMAT.prompt(what, text, reply);
     let req = ClassifyRequest {
         role: "guard".into(),
@@ -70,55 +72,65 @@ async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> k
     engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
 }
 
-/// The roles of the guarded chat prefilled with `partial` (pipelines' warm); each role's
-/// prompt tokens up to the cut.
-async fn warm(engine: &Engine, policy: &GuardPolicy, partial: &str) -> Vec<(String, u32)> {
+/// The roles of the guarded chat prefilled with `partial` (pipelines' warm): the prompt tokens
+/// prefilled ahead by the input check, the Thinker and the output check, in that order.
+async fn warm(engine: &Engine, policy: &GuardPolicy, partial: &str) -> [u32; 3] {
     warm_with(engine, policy, partial, false).await
 }
 
 /// The same with `whole`: `text` is the whole utterance's transcript.
-async fn warm_with(engine: &Engine, policy: &GuardPolicy, text: &str, whole: bool) -> Vec<(String, u32)> {
+async fn warm_with(engine: &Engine, policy: &GuardPolicy, text: &str, whole: bool) -> [u32; 3] {
     let registry = Registry::builtin();
     let pipeline = registry.get("guarded-chat").unwrap();
     let input = TurnInput { text: text.into(), ..Default::default() };
     let engines = Engines { llm: engine, policy, sessions: None };
-    kazeia_pipelines::warm(pipeline, &input, whole, engines, CancellationToken::new())
-        .await
-        .into_iter()
-        .map(|(role, r)| (role, r.unwrap().prompt_tokens))
-        .collect()
+    let prefilled = kazeia_pipelines::warm(pipeline, &input, whole, engines, CancellationToken::new()).await;
+    let roles: Vec<&str> = prefilled.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(roles, ["guard", "thinker", "guard"], "{text:?}");
+    let tokens: Vec<u32> = prefilled.into_iter().map(|(_, r)| r.unwrap().prompt_tokens).collect();
+    [tokens[0], tokens[1], tokens[2]]
+}
+
+/// A cold context's turn on `question`: the Thinker's reply and summary, the input check, the
+/// output check of that reply; what a turn after a prefill ahead must give.
+struct Cold {
+    reply: String,
+    summary: GenSummary,
+    check: Classification,
+    output: Classification,
+}
+
+async fn cold(file: &std::path::Path, question: &str) -> Cold {
+    let engine = engine(file);
+    let (reply, summary) = answer(&engine, question).await;
+    let check = input_check(&engine, question).await;
+    let output = guard_check(&engine, Check::Output, question, &reply).await;
+    Cold { reply, summary, check, output }
+}
+
+/// An engine that has had a first turn, as a conversation has: the guard's slot then holds
+/// its instructions.
+async fn after_a_first_turn(file: &std::path::Path) -> Engine {
+    let engine = engine(file);
+    input_check(&engine, "Hello there.").await;
+    engine
 }
 
 async fn ahead_then_whole(file: &std::path::Path) {
     let question = "What is the capital of France?";
-    let cold = engine(file);
-    let (cold_reply, cold_summary) = answer(&cold, question).await;
-    let cold_check = input_check(&cold, question).await;
-    let cold_output = guard_check(&cold, Check::Output, question, &cold_reply).await;
-
+    let cold = cold(file, question).await;
     let policy = GuardPolicy { format: FORMAT, ..GuardPolicy::default() };
     for (partial, extends) in [("What is the capital.", true), ("What was the", false)] {
-        let warm_engine = engine(file);
-        // A first turn, as a conversation has: the guard's slot then holds its instructions.
-        input_check(&warm_engine, "Hello there.").await;
-        let prefilled = warm(&warm_engine, &policy, partial).await;
-        let roles: Vec<&str> = prefilled.iter().map(|(r, _)| r.as_str()).collect();
-        assert_eq!(roles, ["guard", "thinker", "guard"], "{file:?}");
-        let (guard_ahead, thinker_ahead, output_ahead) = (prefilled[0].1, prefilled[1].1, prefilled[2].1);
+        let warm_engine = after_a_first_turn(file).await;
+        let [guard_ahead, thinker_ahead, output_ahead] = warm(&warm_engine, &policy, partial).await;
 
         let check = input_check(&warm_engine, question).await;
-        assert_eq!(check.label, cold_check.label, "{file:?} {partial:?}");
-        for ((l, p), (_, q)) in check.scores.iter().zip(&cold_check.scores) {
-            assert!((p - q).abs() < 0.02, "{file:?} {partial:?} {l}: {p} vs {q}");
-        }
+        same_verdict(&check, &cold.check, &format!("{file:?} {partial:?}"));
         let (reply, summary) = answer(&warm_engine, question).await;
-        assert_eq!(reply, cold_reply, "{file:?} {partial:?}: not the answer of a full prefill");
-        assert_eq!(summary.metrics.prompt_tokens, cold_summary.metrics.prompt_tokens);
+        assert_eq!(reply, cold.reply, "{file:?} {partial:?}: not the answer of a full prefill");
+        assert_eq!(summary.metrics.prompt_tokens, cold.summary.metrics.prompt_tokens);
         let output = guard_check(&warm_engine, Check::Output, question, &reply).await;
-        assert_eq!(output.label, cold_output.label, "{file:?} {partial:?}");
-        for ((l, p), (_, q)) in output.scores.iter().zip(&cold_output.scores) {
-            assert!((p - q).abs() < 0.02, "{file:?} {partial:?} output {l}: {p} vs {q}");
-        }
+        same_verdict(&output, &cold.output, &format!("{file:?} {partial:?} output"));
         if extends {
             // Everything prefilled ahead was kept: only the rest of the question was decoded.
             assert!(summary.cached_tokens >= thinker_ahead, "{file:?}: {summary:?} after {thinker_ahead}");
@@ -132,7 +144,7 @@ async fn ahead_then_whole(file: &std::path::Path) {
         } else {
             // "was" departs from "is": the start before it is kept, the rest decoded again.
             assert!(summary.cached_tokens < thinker_ahead, "{file:?}: {summary:?}");
-            assert!(check.prefilled_tokens < cold_check.prefilled_tokens, "{file:?}: {check:?} vs {cold_check:?}");
+            assert!(check.prefilled_tokens < cold.check.prefilled_tokens, "{file:?}: {check:?} vs {:?}", cold.check);
         }
     }
 }
@@ -143,32 +155,21 @@ async fn ahead_then_whole(file: &std::path::Path) {
 /// closing; every answer and verdict as a cold context's.
 async fn whole_then_turn(file: &std::path::Path) {
     let question = "What is the capital of France?";
-    let cold = engine(file);
-    let (cold_reply, cold_summary) = answer(&cold, question).await;
-    let cold_check = input_check(&cold, question).await;
-    let cold_output = guard_check(&cold, Check::Output, question, &cold_reply).await;
-
+    let cold = cold(file, question).await;
     let policy = GuardPolicy { format: FORMAT, ..GuardPolicy::default() };
-    let warm_engine = engine(file);
-    input_check(&warm_engine, "Hello there.").await;
+    let warm_engine = after_a_first_turn(file).await;
     // First the words heard during speech, then the whole utterance, as a voice turn has them.
     warm(&warm_engine, &policy, "What is the capital.").await;
-    let prefilled = warm_with(&warm_engine, &policy, question, true).await;
-    let roles: Vec<&str> = prefilled.iter().map(|(r, _)| r.as_str()).collect();
-    assert_eq!(roles, ["guard", "thinker", "guard"], "{file:?}");
-    let (guard_ahead, thinker_ahead, output_ahead) = (prefilled[0].1, prefilled[1].1, prefilled[2].1);
+    let [guard_ahead, thinker_ahead, output_ahead] = warm_with(&warm_engine, &policy, question, true).await;
 
     let check = input_check(&warm_engine, question).await;
-    assert_eq!(check.label, cold_check.label, "{file:?}");
-    for ((l, p), (_, q)) in check.scores.iter().zip(&cold_check.scores) {
-        assert!((p - q).abs() < 0.02, "{file:?} {l}: {p} vs {q}");
-    }
+    same_verdict(&check, &cold.check, &format!("{file:?}"));
     assert_eq!(guard_ahead + 1, check.prompt_tokens, "{file:?}: {check:?}");
     assert_eq!(check.prefilled_tokens, 1, "{file:?}: {check:?}");
 
     let (reply, summary) = answer(&warm_engine, question).await;
-    assert_eq!(reply, cold_reply, "{file:?}: not the answer of a full prefill");
-    assert_eq!(summary.metrics.prompt_tokens, cold_summary.metrics.prompt_tokens);
+    assert_eq!(reply, cold.reply, "{file:?}: not the answer of a full prefill");
+    assert_eq!(summary.metrics.prompt_tokens, cold.summary.metrics.prompt_tokens);
     assert_eq!(summary.cached_tokens, thinker_ahead, "{file:?}: {summary:?}");
     assert_eq!(summary.prefilled_tokens, summary.metrics.prompt_tokens - thinker_ahead, "{file:?}: {summary:?}");
     if !file.to_string_lossy().contains("qwen35") {
@@ -176,10 +177,7 @@ async fn whole_then_turn(file: &std::path::Path) {
     }
 
     let output = guard_check(&warm_engine, Check::Output, question, &reply).await;
-    assert_eq!(output.label, cold_output.label, "{file:?}");
-    for ((l, p), (_, q)) in output.scores.iter().zip(&cold_output.scores) {
-        assert!((p - q).abs() < 0.02, "{file:?} output {l}: {p} vs {q}");
-    }
+    same_verdict(&output, &cold.output, &format!("{file:?} output"));
     // Held up to where the reply begins: the question's last word and the assistant's label
     // were decoded ahead, the reply and the closing lines now.
     assert_eq!(output.prefilled_tokens, output.prompt_tokens - output_ahead, "{file:?}: {output:?}");

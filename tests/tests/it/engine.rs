@@ -269,10 +269,7 @@ async fn classify_is_one_pass_cached_and_constrained() {
     assert_eq!(fresh.prefilled_tokens, fresh.prompt_tokens);
     // The template's head and "Answer with one word." are shared (8 tokens here).
     assert!(w.prefilled_tokens + 6 <= fresh.prefilled_tokens, "slot 1 prefilled the shared prefix again: {w:?}");
-    assert_eq!(w.label, fresh.label);
-    for ((l, p), (_, q)) in w.scores.iter().zip(&fresh.scores) {
-        assert!((p - q).abs() < 0.02, "{l}: {p} shared vs {q} cold");
-    }
+    crate::same_verdict(&w, &fresh, "shared vs cold");
     let c = run(ask("What is the capital of Spain?", &[" Paris", " London", " Madrid"], 0)).await;
     assert!(c.prefilled_tokens < c.prompt_tokens / 2, "{c:?}");
     // Labels sharing their first token(s) are told apart by constrained decoding: the shared

@@ -19,3 +19,13 @@ mod turn;
 fn repo() -> std::path::PathBuf {
     std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test")).join("..")
 }
+
+/// A verdict as another context's (a cold one's): the same label, each label's probability
+/// within 0.02 (a cached prefix adds its cells in another order than a full prefill). `what`
+/// names the case in a failure.
+fn same_verdict(got: &kazeia_pipelines::Classification, cold: &kazeia_pipelines::Classification, what: &str) {
+    assert_eq!(got.label, cold.label, "{what}");
+    for ((l, p), (_, q)) in got.scores.iter().zip(&cold.scores) {
+        assert!((p - q).abs() < 0.02, "{what} {l}: {p} vs {q}");
+    }
+}

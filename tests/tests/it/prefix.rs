@@ -7,6 +7,8 @@
 use kazeia_engine::Engine;
 use kazeia_pipelines::{ChatMessage, Classification, ClassifyRequest, GenEvent, GenerateOptions, GenerateRequest, Llm};
 use kazeia_tests::{config, model_toml, smollm2};
+
+use crate::same_verdict;
 use tokio_util::sync::CancellationToken;
 
 /// The guard role on SmolLM2, two slots, its prefix files in `dir` (None: no file).
@@ -58,13 +60,6 @@ fn prefix_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-fn same_verdict(a: &Classification, b: &Classification) {
-    assert_eq!(a.label, b.label);
-    for ((l, p), (_, q)) in a.scores.iter().zip(&b.scores) {
-        assert!((p - q).abs() < 0.02, "{l}: {p} vs {q}");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +83,7 @@ async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() 
     // A restart: the instructions come from the file, the verdict is the cold one.
     let restored = check(&load(Some(dir.path()), 2048), q, 0).await;
     assert!(restored.prefilled_tokens * 2 < restored.prompt_tokens, "not restored: {restored:?}");
-    same_verdict(&restored, &cold);
+    same_verdict(&restored, &cold, "");
 
     // Stale: another context shape has another key (and another file name)...
     let other = check(&load(Some(dir.path()), 1024), q, 0).await;
@@ -106,7 +101,7 @@ async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() 
         std::fs::write(&files[0], &bytes).unwrap();
         let r = check(&load(Some(dir.path()), 2048), q, 0).await;
         assert_eq!(r.prefilled_tokens, r.prompt_tokens, "{what}: the file was used: {r:?}");
-        same_verdict(&r, &cold);
+        same_verdict(&r, &cold, "");
         assert!(!files[0].exists(), "{what}: a bad file is removed");
     }
 }
@@ -199,7 +194,7 @@ async fn a_hybrid_guard_prefills_its_instructions_once() {
     let third = check(&guard, "What is the capital of France?", 0).await;
     assert!(third.prefilled_tokens * 2 < third.prompt_tokens, "the instructions again: {third:?} (first {first:?})");
     let cold = check(&load_file(&file, None, 2048), "What is the capital of France?", 0).await;
-    same_verdict(&third, &cold);
+    same_verdict(&third, &cold, "");
 }
 
 /// A one-slot Thinker with its prefix files in `dir` (None: no file).
