@@ -93,33 +93,112 @@ pub struct SpeechHold(());
 /// The longest a decode waits for speech (a stuck synthesis must not stop the engine).
 pub const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
-static HOLDS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+/// The longest a unit handed to speech ([`RolePause::to_speech`]) holds the decodes before the
+/// speaker takes it: the speaker takes it within a millisecond when idle; a turn cancelled
+/// meanwhile, or a unit nobody speaks, must not hold the engine.
+pub const HANDOFF: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// What holds the decodes: speech (every role's), paused roles (theirs only), units handed to
+/// the speaker and not yet taken (every role's, each until its deadline).
+struct Holds {
+    speech: usize,
+    paused: Vec<String>,
+    handoffs: Vec<std::time::Instant>,
+}
+
+impl Holds {
+    /// Whether a decode of `role` waits now (handoffs past their deadline are dropped).
+    fn blocks(&mut self, role: &str, now: std::time::Instant) -> bool {
+        self.handoffs.retain(|&d| d > now);
+        self.speech > 0 || !self.handoffs.is_empty() || self.paused.iter().any(|r| r == role)
+    }
+
+    /// A speech hold, which takes over the oldest handoff still waiting.
+    fn take_speech(&mut self, now: std::time::Instant) {
+        self.handoffs.retain(|&d| d > now);
+        if !self.handoffs.is_empty() {
+            self.handoffs.remove(0);
+        }
+        self.speech += 1;
+    }
+
+    fn unpause(&mut self, role: &str) {
+        if let Some(i) = self.paused.iter().position(|r| r == role) {
+            self.paused.remove(i);
+        }
+    }
+}
+
+static HOLDS: std::sync::Mutex<Holds> =
+    std::sync::Mutex::new(Holds { speech: 0, paused: Vec::new(), handoffs: Vec::new() });
 static RELEASED: std::sync::Condvar = std::sync::Condvar::new();
 
+fn holds() -> std::sync::MutexGuard<'static, Holds> {
+    HOLDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl SpeechHold {
+    /// Hold the decodes; a unit handed to speech and not yet taken becomes this hold (the
+    /// speaker taking the sentence it was checked for).
     pub fn take() -> SpeechHold {
-        *HOLDS.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        holds().take_speech(std::time::Instant::now());
         SpeechHold(())
     }
 }
 
 impl Drop for SpeechHold {
     fn drop(&mut self) {
-        let mut n = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            RELEASED.notify_all();
-        }
+        let mut h = holds();
+        h.speech = h.speech.saturating_sub(1);
+        RELEASED.notify_all();
     }
 }
 
-/// Wait while speech holds the CPU (at most [`MAX_HOLD`]).
-fn wait_for_speech() {
-    let n = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
-    if *n == 0 {
-        return;
+/// A role paused while a unit of a spoken reply is checked: its decodes wait, the other roles'
+/// run. The Thinker's next tokens are not needed before that unit's audio has played (text
+/// comes 10-20 times faster than speech), while the unit's check and synthesis are what the
+/// user waits for: a Thinker decode queued behind the output check used to start at its
+/// verdict, before the speaker held the decodes, and ran beside the first synthesis (one token
+/// 166 ms instead of 16, the first audio 210 ms instead of ~97: tools/bench-voice, debug log).
+pub struct RolePause {
+    role: String,
+}
+
+impl RolePause {
+    pub fn take(role: &str) -> RolePause {
+        holds().paused.push(role.to_string());
+        RolePause { role: role.to_string() }
     }
-    let _ = RELEASED.wait_timeout_while(n, MAX_HOLD, |n| *n > 0);
+
+    /// The unit passed and goes to the speaker: every decode waits until the speaker takes it
+    /// ([`SpeechHold::take`]), at most [`HANDOFF`], so that none starts in between.
+    pub fn to_speech(self) {
+        // Before the pause ends (when `self` drops here): no moment without either.
+        holds().handoffs.push(std::time::Instant::now() + HANDOFF);
+    }
+}
+
+impl Drop for RolePause {
+    fn drop(&mut self) {
+        holds().unpause(&self.role);
+        RELEASED.notify_all();
+    }
+}
+
+/// Wait while speech holds the CPU or `role` is paused (at most [`MAX_HOLD`] in all).
+fn wait_for_speech(role: &str) {
+    let start = std::time::Instant::now();
+    let mut h = holds();
+    loop {
+        let now = std::time::Instant::now();
+        if !h.blocks(role, now) {
+            return;
+        }
+        let Some(left) = MAX_HOLD.checked_sub(start.elapsed()) else { return };
+        // A handoff ends by its deadline, with no one to notify.
+        let left = h.handoffs.iter().map(|&d| d.saturating_duration_since(now)).fold(left, Ord::min);
+        h = RELEASED.wait_timeout(h, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
 }
 
 impl Compute {
@@ -127,15 +206,27 @@ impl Compute {
         Compute { exclusive, cores: Cores::of_this_machine() }
     }
 
-    /// Decode `batch` in `ctx` with the role's `threads`: on the compute thread with
+    /// Decode `batch` in `ctx` with `role`'s `threads`: on the compute thread with
     /// `exclusive`, else right here once the threads fit in the cores other decodes leave.
     pub fn decode(
         &self,
+        role: &str,
         ctx: &mut LlamaContext<'_>,
         batch: &mut LlamaBatch<'_>,
         threads: u32,
     ) -> Result<(), ComputeError> {
-        wait_for_speech();
+        // Each decode in the trace log (`kazeia_engine::compute=trace`): what a turn's time went
+        // to, call by call (how session 29 found a Thinker token beside the first synthesis).
+        let t = std::time::Instant::now();
+        wait_for_speech(role);
+        let held = t.elapsed();
+        let r = self.run(ctx, batch, threads);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        tracing::trace!(role, tokens = batch.n_tokens(), held_ms = ms(held), ms = ms(t.elapsed() - held), "decoded");
+        r
+    }
+
+    fn run(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch<'_>, threads: u32) -> Result<(), ComputeError> {
         if !self.exclusive {
             let _cores = self.cores.take(threads as usize);
             return ctx.decode(batch).map_err(ComputeError::from);
@@ -150,5 +241,43 @@ impl Compute {
         // The borrow of `ctx` and `batch` lasts until this returns: the compute thread always
         // replies (a panic in llama.cpp's Rust wrapper is caught and reported).
         reply.recv().unwrap_or_else(|_| Err(ComputeError("the compute thread is gone".into())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Holds;
+    use std::time::{Duration, Instant};
+
+    fn none() -> Holds {
+        Holds { speech: 0, paused: Vec::new(), handoffs: Vec::new() }
+    }
+
+    #[test]
+    fn a_paused_role_waits_and_the_others_run() {
+        let (mut h, now) = (none(), Instant::now());
+        h.paused.push("thinker".into());
+        assert!(h.blocks("thinker", now));
+        assert!(!h.blocks("guard", now));
+        h.unpause("thinker");
+        assert!(!h.blocks("thinker", now));
+    }
+
+    #[test]
+    fn a_handoff_holds_every_role_until_speech_takes_it_or_its_deadline() {
+        let now = Instant::now();
+        let mut h = none();
+        h.handoffs.push(now + Duration::from_millis(300));
+        assert!(h.blocks("guard", now) && h.blocks("thinker", now));
+        // The speaker takes the unit: its hold replaces the handoff, and its end frees all.
+        h.take_speech(now);
+        assert!(h.handoffs.is_empty() && h.blocks("thinker", now));
+        h.speech -= 1;
+        assert!(!h.blocks("thinker", now));
+        // Nobody takes it: it ends at its deadline, and a later speech hold has none to take.
+        h.handoffs.push(now + Duration::from_millis(300));
+        assert!(!h.blocks("thinker", now + Duration::from_millis(301)));
+        h.take_speech(now + Duration::from_millis(301));
+        assert_eq!((h.speech, h.handoffs.len()), (1, 0));
     }
 }

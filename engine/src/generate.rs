@@ -302,7 +302,7 @@ impl Run<'_, '_> {
                         .add(tok, pos as i32, &[seq], logits && pos + 1 == tokens.len())
                         .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
                 }
-                if let Err(e) = self.compute.decode(self.ctx, &mut batch, self.cfg.threads) {
+                if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, &mut batch, self.cfg.threads) {
                     self.reset();
                     return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
                 }
@@ -330,7 +330,7 @@ impl Run<'_, '_> {
         let pos = self.cache.seq(seq as usize).len();
         batch.clear();
         batch.add(token, pos as i32, &[seq], true).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
-        if let Err(e) = self.compute.decode(self.ctx, batch, self.cfg.threads) {
+        if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, batch, self.cfg.threads) {
             self.reset();
             return Err(GenerateError::Decode { pos, reason: e.to_string() });
         }

@@ -228,6 +228,10 @@ pub async fn run_turn(
     let mut queued_bytes = 0usize;
     let mut released = String::new();
     let mut out_check: Option<Pending> = None;
+    // A spoken reply's unit under the output check pauses the Thinker until the speaker takes
+    // it (see `RolePause`); not with one role for both (the check would wait on itself).
+    let pause_thinker = plan.speak && output_guard.as_ref().is_some_and(|g| *g != think_role);
+    let mut paused: Option<kazeia_engine::RolePause> = None;
     let mut guard_out_ms = 0.0;
     let mut first_release: Option<Instant> = None;
     let mut first_sentence_at: Option<Instant> = None;
@@ -280,6 +284,9 @@ pub async fn run_turn(
                 }));
             } else if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 checking_thought = false;
+                if pause_thinker {
+                    paused = Some(kazeia_engine::RolePause::take(&think_role));
+                }
                 let reply = format!("{released}{}", &pending_text[..n]);
                 let (role, user_text) = (role.clone(), input.text.clone());
                 let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
@@ -386,6 +393,10 @@ pub async fn run_turn(
             }
             v = async { out_check.as_mut().unwrap().await }, if out_check.is_some() => {
                 out_check = None;
+                // The unit (or the refusal in its place) goes to the speaker.
+                if let (Ok(_), Some(p)) = (&v, paused.take()) {
+                    p.to_speech();
+                }
                 let v = match v {
                     Ok(v) => v,
                     Err(e) => {

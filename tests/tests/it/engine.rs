@@ -393,3 +393,47 @@ async fn collect_result(
     }
     panic!("engine ended without Finished");
 }
+
+/// A spoken reply's unit under the output check pauses the Thinker (its role only: the guard's
+/// check runs); the verdict hands the unit to the speaker, and no decode starts until the
+/// speaker has taken it. Deterministic: a paused role cannot decode at all, not even its
+/// prompt, for up to `MAX_HOLD`, far longer than the check takes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
+    use kazeia_engine::{RolePause, SpeechHold, MAX_HOLD};
+    use kazeia_pipelines::ClassifyRequest;
+    // Role names of this test's own: the holds are process-wide, and tests run side by side.
+    let (thinker, guard) = ("paused-thinker", "paused-guard");
+    let engine = Engine::new();
+    load(&engine, &model_toml(thinker, &smollm2(), "n_ctx = 512"), thinker).unwrap();
+    load(&engine, &model_toml(guard, &smollm2(), "n_ctx = 512"), guard).unwrap();
+    let greedy = GenerateOptions { temperature: Some(0.0), max_tokens: Some(4), ..Default::default() };
+    let check = ClassifyRequest {
+        role: guard.into(),
+        messages: vec![ChatMessage::new("user", "Answer with one word. Is the sky blue?")],
+        answer_prefix: "Answer:".into(),
+        labels: vec![" Yes".into(), " No".into()],
+        reuse_cache: true,
+        slot: 0,
+    };
+    let t = Instant::now();
+    let pause = RolePause::take(thinker);
+    let mut rx = engine.generate(req(thinker, "Name a colour.", greedy.clone()), CancellationToken::new()).unwrap();
+    let verdict = engine.classify(check, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+    assert!(verdict.prefilled_tokens > 0, "{verdict:?}");
+    assert!(t.elapsed() < MAX_HOLD, "the check took longer than a hold lasts: nothing to conclude");
+    assert!(rx.try_recv().is_err(), "the paused Thinker decoded beside the check");
+    // The unit goes to the speaker: every decode waits for it to be taken, then for its speech.
+    pause.to_speech();
+    let speech = SpeechHold::take();
+    assert!(rx.try_recv().is_err(), "the Thinker decoded between the verdict and the speaker");
+    drop(speech);
+    let (evs, summary) = collect(rx).await;
+    assert!(summary.metrics.generated_tokens > 0 && !evs.is_empty(), "{summary:?}");
+    // A unit nobody takes (a turn cancelled at its verdict) holds the decodes no longer than
+    // `HANDOFF`.
+    RolePause::take(thinker).to_speech();
+    let (_, summary) =
+        collect(engine.generate(req(thinker, "Name a fruit.", greedy), CancellationToken::new()).unwrap()).await;
+    assert!(summary.metrics.generated_tokens > 0, "{summary:?}");
+}
