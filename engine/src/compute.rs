@@ -93,9 +93,11 @@ pub struct SpeechHold(());
 /// The longest a decode waits for speech (a stuck synthesis must not stop the engine).
 pub const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The longest a unit handed to speech ([`RolePause::to_speech`]) holds the decodes before the
-/// speaker takes it: the speaker takes it within a millisecond when idle; a turn cancelled
-/// meanwhile, or a unit nobody speaks, must not hold the engine.
+/// How long a unit handed to speech ([`RolePause::to_speech`], [`SpeechHold::to_speech`]) holds
+/// the decodes for the speaker to take it, counted from the handoff or from the end of the
+/// speech holding the decodes then (a unit checked while the one before it is spoken waits for
+/// it): the speaker takes it within a millisecond when idle; a turn cancelled meanwhile, or a
+/// speaker that failed, must not hold the engine.
 pub const HANDOFF: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// What holds the decodes: speech (every role's), paused roles (theirs only), units handed to
@@ -107,19 +109,45 @@ struct Holds {
 }
 
 impl Holds {
-    /// Whether a decode of `role` waits now (handoffs past their deadline are dropped).
+    /// Handoffs past their deadline end, unless speech holds the decodes (then the deadline is
+    /// pushed back when it ends, [`Holds::end_speech`]).
+    fn expire(&mut self, now: std::time::Instant) {
+        if self.speech == 0 {
+            self.handoffs.retain(|&d| d > now);
+        }
+    }
+
+    /// Whether a decode of `role` waits now.
     fn blocks(&mut self, role: &str, now: std::time::Instant) -> bool {
-        self.handoffs.retain(|&d| d > now);
+        self.expire(now);
         self.speech > 0 || !self.handoffs.is_empty() || self.paused.iter().any(|r| r == role)
     }
 
-    /// A speech hold, which takes over the oldest handoff still waiting.
-    fn take_speech(&mut self, now: std::time::Instant) {
-        self.handoffs.retain(|&d| d > now);
-        if !self.handoffs.is_empty() {
+    /// The next time a wait must look again with no one to wake it: a handoff's deadline.
+    fn next_deadline(&self) -> Option<std::time::Instant> {
+        (self.speech == 0).then(|| self.handoffs.iter().min().copied()).flatten()
+    }
+
+    /// A speech hold; the speaker's (`handed`) takes over the oldest handoff waiting.
+    fn take_speech(&mut self, now: std::time::Instant, handed: bool) {
+        self.expire(now);
+        if handed && !self.handoffs.is_empty() {
             self.handoffs.remove(0);
         }
         self.speech += 1;
+    }
+
+    fn end_speech(&mut self, now: std::time::Instant) {
+        self.speech = self.speech.saturating_sub(1);
+        if self.speech == 0 {
+            for d in &mut self.handoffs {
+                *d = (*d).max(now + HANDOFF);
+            }
+        }
+    }
+
+    fn hand_off(&mut self, now: std::time::Instant) {
+        self.handoffs.push(now + HANDOFF);
     }
 
     fn unpause(&mut self, role: &str) {
@@ -138,18 +166,31 @@ fn holds() -> std::sync::MutexGuard<'static, Holds> {
 }
 
 impl SpeechHold {
-    /// Hold the decodes; a unit handed to speech and not yet taken becomes this hold (the
-    /// speaker taking the sentence it was checked for).
+    /// Hold the decodes (an end-of-turn verdict).
     pub fn take() -> SpeechHold {
-        holds().take_speech(std::time::Instant::now());
+        holds().take_speech(std::time::Instant::now(), false);
         SpeechHold(())
+    }
+
+    /// The speaker's hold for a sentence: it takes over the oldest unit handed to speech and
+    /// not yet taken (the sentence it was checked for, unless another turn's speaker came
+    /// first: then that one's, the same hold on the same decodes).
+    pub fn speak() -> SpeechHold {
+        holds().take_speech(std::time::Instant::now(), true);
+        SpeechHold(())
+    }
+
+    /// This hold ends, and a unit handed to speech takes its place until the speaker takes it:
+    /// an early reply's first sentence, held since it was released, going to the speaker.
+    pub fn to_speech(self) {
+        // Before the hold ends (when `self` drops here): no moment without either.
+        holds().hand_off(std::time::Instant::now());
     }
 }
 
 impl Drop for SpeechHold {
     fn drop(&mut self) {
-        let mut h = holds();
-        h.speech = h.speech.saturating_sub(1);
+        holds().end_speech(std::time::Instant::now());
         RELEASED.notify_all();
     }
 }
@@ -160,6 +201,9 @@ impl Drop for SpeechHold {
 /// user waits for: a Thinker decode queued behind the output check used to start at its
 /// verdict, before the speaker held the decodes, and ran beside the first synthesis (one token
 /// 166 ms instead of 16, the first audio 210 ms instead of ~97: tools/bench-voice, debug log).
+/// Process-wide, by role name: two turns at once whose pipelines swap the same two roles
+/// (one's Thinker the other's guard) would pause each other's checks, each decode then
+/// waiting `MAX_HOLD`; the runner pauses only a Thinker that is not its own guard.
 pub struct RolePause {
     role: String,
 }
@@ -171,10 +215,10 @@ impl RolePause {
     }
 
     /// The unit passed and goes to the speaker: every decode waits until the speaker takes it
-    /// ([`SpeechHold::take`]), at most [`HANDOFF`], so that none starts in between.
+    /// ([`SpeechHold::speak`]), at most [`HANDOFF`] after no speech holds them.
     pub fn to_speech(self) {
         // Before the pause ends (when `self` drops here): no moment without either.
-        holds().handoffs.push(std::time::Instant::now() + HANDOFF);
+        holds().hand_off(std::time::Instant::now());
     }
 }
 
@@ -183,6 +227,12 @@ impl Drop for RolePause {
         holds().unpause(&self.role);
         RELEASED.notify_all();
     }
+}
+
+/// Whether a decode of `role` would wait now (for tests and diagnostics: the holds are the
+/// process's).
+pub fn decodes_held(role: &str) -> bool {
+    holds().blocks(role, std::time::Instant::now())
 }
 
 /// Wait while speech holds the CPU or `role` is paused (at most [`MAX_HOLD`] in all).
@@ -196,7 +246,7 @@ fn wait_for_speech(role: &str) {
         }
         let Some(left) = MAX_HOLD.checked_sub(start.elapsed()) else { return };
         // A handoff ends by its deadline, with no one to notify.
-        let left = h.handoffs.iter().map(|&d| d.saturating_duration_since(now)).fold(left, Ord::min);
+        let left = h.next_deadline().map_or(left, |d| left.min(d.saturating_duration_since(now)));
         h = RELEASED.wait_timeout(h, left).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
@@ -264,20 +314,42 @@ mod tests {
     }
 
     #[test]
-    fn a_handoff_holds_every_role_until_speech_takes_it_or_its_deadline() {
+    fn a_handoff_holds_every_role_until_the_speaker_takes_it_or_its_deadline() {
         let now = Instant::now();
+        let ms = |n| Duration::from_millis(n);
         let mut h = none();
-        h.handoffs.push(now + Duration::from_millis(300));
+        h.hand_off(now);
         assert!(h.blocks("guard", now) && h.blocks("thinker", now));
+        // A verdict's hold is not the speaker's: the handoff waits on.
+        h.take_speech(now, false);
+        h.end_speech(now);
+        assert_eq!(h.handoffs.len(), 1);
         // The speaker takes the unit: its hold replaces the handoff, and its end frees all.
-        h.take_speech(now);
+        h.take_speech(now, true);
         assert!(h.handoffs.is_empty() && h.blocks("thinker", now));
-        h.speech -= 1;
+        h.end_speech(now);
         assert!(!h.blocks("thinker", now));
         // Nobody takes it: it ends at its deadline, and a later speech hold has none to take.
-        h.handoffs.push(now + Duration::from_millis(300));
-        assert!(!h.blocks("thinker", now + Duration::from_millis(301)));
-        h.take_speech(now + Duration::from_millis(301));
+        h.hand_off(now);
+        assert!(!h.blocks("thinker", now + ms(301)));
+        h.take_speech(now + ms(301), true);
         assert_eq!((h.speech, h.handoffs.len()), (1, 0));
+        h.end_speech(now + ms(301));
+    }
+
+    #[test]
+    fn a_unit_handed_over_while_the_one_before_is_spoken_waits_for_its_end() {
+        let now = Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        let mut h = none();
+        h.take_speech(now, true);
+        h.hand_off(now);
+        // The speaker is still on the sentence before, past the handoff's deadline.
+        assert!(h.blocks("thinker", now + ms(500)));
+        assert_eq!(h.next_deadline(), None, "the speech's end wakes the waits");
+        h.end_speech(now + ms(500));
+        assert!(h.blocks("thinker", now + ms(700)), "the handoff counts from the speech's end");
+        assert_eq!(h.next_deadline(), Some(now + ms(800)));
+        assert!(!h.blocks("thinker", now + ms(801)));
     }
 }

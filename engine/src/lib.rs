@@ -8,7 +8,7 @@
 pub mod api;
 mod backend;
 mod compute;
-pub use compute::{RolePause, SpeechHold, HANDOFF, MAX_HOLD};
+pub use compute::{decodes_held, RolePause, SpeechHold, HANDOFF, MAX_HOLD};
 mod cores;
 mod error;
 mod generate;

@@ -393,8 +393,9 @@ pub async fn run_turn(
             }
             v = async { out_check.as_mut().unwrap().await }, if out_check.is_some() => {
                 out_check = None;
-                // The unit (or the refusal in its place) goes to the speaker.
-                if let (Ok(_), Some(p)) = (&v, paused.take()) {
+                // The unit (or the refusal in its place) goes to the speaker, unless the turn
+                // was cancelled (nothing more is spoken).
+                if let (Ok(_), Some(p), false) = (&v, paused.take(), cancel.is_cancelled()) {
                     p.to_speech();
                 }
                 let v = match v {

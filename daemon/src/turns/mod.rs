@@ -203,7 +203,12 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let failed = |r: &Reply<'_>| r.kept.iter().any(|e| matches!(e, Event::Error { .. }));
     let (reply, early_start_ms) = match early.take() {
         Some(mut r) if r.text == text && !failed(&r) => {
-            r.hold = None;
+            // Its first sentence goes to the speaker: the hold until it takes it, no longer.
+            let speaks = turn.plan.speak && r.kept.iter().any(|e| matches!(e, Event::Sentence { .. }));
+            match r.hold.take() {
+                Some(h) if speaks => h.to_speech(),
+                h => drop(h),
+            }
             let _ = r.confirm.send(true);
             let lead = r.started.elapsed().as_secs_f64() * 1e3;
             tracing::info!(conn = turn.who.conn, lead_ms = lead, "the early reply is the turn's");
@@ -418,7 +423,7 @@ impl<'a> Reply<'a> {
     /// Keep an early reply's event; its first unit (or its end) stops the decodes.
     fn keep(&mut self, e: Event) {
         if self.hold_until.is_none() && matches!(e, Event::Sentence { .. } | Event::Done { .. } | Event::Error { .. }) {
-            self.hold = Some(kazeia_engine::SpeechHold::take());
+            self.hold = Some(kazeia_engine::SpeechHold::speak());
             self.hold_until = Some(tokio::time::Instant::now() + kazeia_engine::MAX_HOLD);
         }
         self.kept.push(e);

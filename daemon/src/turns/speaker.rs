@@ -76,8 +76,9 @@ fn speak(
             return Ok(spoken);
         }
         let arrived = Instant::now();
-        // Speech first: no decode starts while the sentence is synthesised (see SpeechHold).
-        let hold = kazeia_engine::SpeechHold::take();
+        // Speech first: no decode starts while the sentence is synthesised (see SpeechHold),
+        // nor since its check passed (the unit handed to speech, see RolePause).
+        let hold = kazeia_engine::SpeechHold::speak();
         // Clause by clause, piece by piece: each piece's frames leave as soon as it is
         // synthesised, while the next one is.
         let mut audio_s = 0.0;

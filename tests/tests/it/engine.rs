@@ -397,10 +397,11 @@ async fn collect_result(
 /// A spoken reply's unit under the output check pauses the Thinker (its role only: the guard's
 /// check runs); the verdict hands the unit to the speaker, and no decode starts until the
 /// speaker has taken it. Deterministic: a paused role cannot decode at all, not even its
-/// prompt, for up to `MAX_HOLD`, far longer than the check takes.
+/// prompt, for up to `MAX_HOLD`, far longer than the check takes; the handoff is read from the
+/// holds themselves (`decodes_held`: no other test in this process takes any).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
-    use kazeia_engine::{RolePause, SpeechHold, MAX_HOLD};
+    use kazeia_engine::{decodes_held, RolePause, SpeechHold, MAX_HOLD};
     use kazeia_pipelines::ClassifyRequest;
     // Role names of this test's own: the holds are process-wide, and tests run side by side.
     let (thinker, guard) = ("paused-thinker", "paused-guard");
@@ -418,22 +419,29 @@ async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
     };
     let t = Instant::now();
     let pause = RolePause::take(thinker);
+    assert!(decodes_held(thinker) && !decodes_held(guard));
     let mut rx = engine.generate(req(thinker, "Name a colour.", greedy.clone()), CancellationToken::new()).unwrap();
     let verdict = engine.classify(check, CancellationToken::new()).unwrap().await.unwrap().unwrap();
     assert!(verdict.prefilled_tokens > 0, "{verdict:?}");
     assert!(t.elapsed() < MAX_HOLD, "the check took longer than a hold lasts: nothing to conclude");
     assert!(rx.try_recv().is_err(), "the paused Thinker decoded beside the check");
-    // The unit goes to the speaker: every decode waits for it to be taken, then for its speech.
+    // The unit goes to the speaker: every role's decodes wait for it to be taken (an
+    // end-of-turn verdict's hold does not take it), then for its speech.
     pause.to_speech();
-    let speech = SpeechHold::take();
-    assert!(rx.try_recv().is_err(), "the Thinker decoded between the verdict and the speaker");
+    assert!(decodes_held(thinker) && decodes_held(guard), "nothing holds the decodes after the verdict");
+    drop(SpeechHold::take());
+    assert!(decodes_held(thinker), "a verdict's hold took the speaker's unit");
+    let speech = SpeechHold::speak();
     drop(speech);
+    assert!(!decodes_held(thinker), "the speaker's hold did not take the unit over");
     let (evs, summary) = collect(rx).await;
     assert!(summary.metrics.generated_tokens > 0 && !evs.is_empty(), "{summary:?}");
-    // A unit nobody takes (a turn cancelled at its verdict) holds the decodes no longer than
-    // `HANDOFF`.
+    // A unit nobody takes (a speaker that failed) holds the decodes no longer than `HANDOFF`:
+    // a handoff that never ended would hold this prompt's decode for `MAX_HOLD`.
     RolePause::take(thinker).to_speech();
+    let t = Instant::now();
     let (_, summary) =
         collect(engine.generate(req(thinker, "Name a fruit.", greedy), CancellationToken::new()).unwrap()).await;
     assert!(summary.metrics.generated_tokens > 0, "{summary:?}");
+    assert!(t.elapsed() < MAX_HOLD, "an untaken handoff held the engine {:?}", t.elapsed());
 }
