@@ -266,18 +266,39 @@ async fn the_first_clause_is_checked_and_released_first() {
     }
 }
 
+/// A guarded turn's parts for the prefill-ahead tests: the scripted engine (every check safe),
+/// the policy, and a session "s" holding one exchange.
+struct Conversation {
+    llm: Scripted,
+    policy: GuardPolicy,
+    sessions: Sessions,
+}
+
+impl Conversation {
+    fn new() -> Conversation {
+        let sessions = Sessions::new(Duration::from_secs(60));
+        sessions.append("s", ChatMessage::new("user", "Hi."), ChatMessage::new("assistant", "Hello!"));
+        Conversation {
+            llm: Scripted::new(|_, _| Label::Safe),
+            policy: GuardPolicy { categories: false, ..GuardPolicy::default() },
+            sessions,
+        }
+    }
+
+    fn engines(&self) -> Engines<'_> {
+        Engines { llm: &self.llm, policy: &self.policy, sessions: Some(&self.sessions) }
+    }
+}
+
 /// What a voice turn prefills while the user speaks is the start of what the turn then asks:
 /// the input check's prompt and the Thinker's (system prompt, session history, the user's words
 /// so far), then the output check's, each cut after the last word but one.
 #[tokio::test]
 async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
-    let llm = Scripted::new(|_, _| Label::Safe);
+    let c = Conversation::new();
+    let (llm, engines) = (&c.llm, || c.engines());
     let registry = Registry::builtin();
     let pipeline = registry.get("guarded-chat").unwrap();
-    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
-    let sessions = Sessions::new(Duration::from_secs(60));
-    sessions.append("s", ChatMessage::new("user", "Hi."), ChatMessage::new("assistant", "Hello!"));
-    let engines = || Engines { llm: &llm, policy: &policy, sessions: Some(&sessions) };
     let partial = TurnInput { text: "What is the capital.".into(), session: Some("s".into()), ..Default::default() };
     let outcomes = kazeia_pipelines::warm(pipeline, &partial, false, engines(), CancellationToken::new()).await;
     assert_eq!(
@@ -319,13 +340,10 @@ async fn a_prefill_ahead_renders_the_start_of_the_turns_own_prompts() {
 /// output check's goes up to where the reply begins.
 #[tokio::test]
 async fn a_whole_transcript_is_prefilled_as_the_turn_will_ask() {
-    let llm = Scripted::new(|_, _| Label::Safe);
+    let c = Conversation::new();
+    let (llm, engines) = (&c.llm, || c.engines());
     let registry = Registry::builtin();
     let pipeline = registry.get("guarded-chat").unwrap();
-    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
-    let sessions = Sessions::new(Duration::from_secs(60));
-    sessions.append("s", ChatMessage::new("user", "Hi."), ChatMessage::new("assistant", "Hello!"));
-    let engines = || Engines { llm: &llm, policy: &policy, sessions: Some(&sessions) };
     let question = "What is the capital of France?";
     let input = |budget| TurnInput {
         text: question.into(),
@@ -344,7 +362,7 @@ async fn a_whole_transcript_is_prefilled_as_the_turn_will_ask() {
     let (role, slot, text, upto) = &prefilled[0];
     assert_eq!((role.as_str(), *slot), ("guard", Check::Input.slot()));
     assert_eq!(*text, check(*slot), "the input check's own prompt");
-    let prefix = policy.format.prompt(Check::Input, question, "").answer_prefix;
+    let prefix = c.policy.format.prompt(Check::Input, question, "").answer_prefix;
     assert_eq!(*upto, Upto::Check { answer_prefix: prefix });
     let (role, slot, text, upto) = &prefilled[1];
     assert_eq!((role.as_str(), *slot), ("thinker", 0));
