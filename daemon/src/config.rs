@@ -333,6 +333,11 @@ pub struct SpeechConfig {
     pub preload: bool,
     /// Voice per language: a Piper .onnx (its .onnx.json beside it) or `espeak:<voice>`.
     pub voices: std::collections::BTreeMap<String, String>,
+    /// Piper voices sample noise at each rendering (prosody, durations: the voice's
+    /// `noise_scale`, `noise_w`), so the same text sounds a little different each time. `false`:
+    /// the same audio for the same text every run, for recordings to compare and for tests that
+    /// hear a reply back (a test's sampled "Hello there." was once transcribed "alo there.").
+    pub voice_noise: bool,
     /// Language of replies whose language cannot be told (`en`, `fr`).
     pub default_language: String,
 }
@@ -376,6 +381,7 @@ impl Default for SpeechConfig {
                 ("fr".to_string(), "espeak:fr".to_string()),
             ]
             .into(),
+            voice_noise: true,
             default_language: "fr".into(),
         }
     }

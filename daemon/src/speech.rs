@@ -35,5 +35,5 @@ pub fn voice_for(config: &Config, language: &str) -> Result<Box<dyn Voice>, Spee
         Some(v) => VoiceSpec::Espeak(v.to_string()),
         None => VoiceSpec::Piper(config.cache_path(std::path::Path::new(&spec))),
     };
-    voice(&spec, s.threads, s.backend)
+    voice(&spec, s.threads, s.backend, s.voice_noise)
 }

@@ -251,11 +251,15 @@ pub enum VoiceSpec {
     Piper(PathBuf),
 }
 
-/// Load the voice `spec` names.
-pub fn voice(spec: &VoiceSpec, threads: usize, backend: Backend) -> Result<Box<dyn Voice>, SpeechError> {
+/// Load the voice `spec` names; `noise` false: a Piper voice without its sampled noise
+/// ([`Piper::without_noise`]; espeak-ng samples none).
+pub fn voice(spec: &VoiceSpec, threads: usize, backend: Backend, noise: bool) -> Result<Box<dyn Voice>, SpeechError> {
     match spec {
         VoiceSpec::Espeak(v) => Ok(Box::new(Espeak { voice: v.clone() })),
-        VoiceSpec::Piper(path) => Ok(Box::new(Piper::load(path, threads, backend)?)),
+        VoiceSpec::Piper(path) => {
+            let piper = Piper::load(path, threads, backend)?;
+            Ok(Box::new(if noise { piper } else { piper.without_noise() }))
+        }
     }
 }
 

@@ -169,8 +169,8 @@ fn margins(config: &Config, margins: &[u64], smoke: bool) -> Result<()> {
     let e = |e: kazeia_daemon::speech::SpeechError| anyhow!("{e}");
     let piper_path = config.cache_path(Path::new(config.speech.voices.get("en").context("no English voice")?));
     let mut piper = Piper::load(&piper_path, 2, Backend::Cpu).map_err(e)?.without_noise();
-    let mut espeak_en = voice(&VoiceSpec::Espeak("en".into()), 2, Backend::Cpu).map_err(e)?;
-    let mut espeak_fr = voice(&VoiceSpec::Espeak("fr".into()), 2, Backend::Cpu).map_err(e)?;
+    let mut espeak_en = voice(&VoiceSpec::Espeak("en".into()), 2, Backend::Cpu, false).map_err(e)?;
+    let mut espeak_fr = voice(&VoiceSpec::Espeak("fr".into()), 2, Backend::Cpu, false).map_err(e)?;
     let take = |v: &'static [&'static str]| if smoke { &v[..1] } else { v };
     let mut clean: Vec<(&str, &str, Vec<f32>)> = Vec::new();
     for text in take(SENTENCES).iter().chain(take(MORE_ENGLISH)) {

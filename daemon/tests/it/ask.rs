@@ -16,7 +16,9 @@ use kazeia_ipc::{Event, TurnOptions};
 fn daemon() -> Daemon {
     let models = std::fs::read_to_string(repo().join("models.toml")).unwrap();
     assert!(models.contains("\n[speech]\n"), "models.toml has no [speech] table");
-    let models = models.replacen("\n[speech]\n", "\n[speech]\nlanguage = \"en\"\n", 1);
+    // The voice without its sampled noise: the question and the reply it speaks are the same
+    // audio each run, so what Whisper hears back is too.
+    let models = models.replacen("\n[speech]\n", "\n[speech]\nlanguage = \"en\"\nvoice_noise = false\n", 1);
     Daemon::start(&format!("[daemon]\npreload = true\n\n{models}"))
 }
 

@@ -240,29 +240,50 @@ fn serve_leaves_an_existing_socket_directory_as_it_is() {
 
 /// In-process speech and guard runs print their events (`run speak --json` once printed
 /// nothing), logs are plain text when stderr is not a terminal, and where speech runs is said
-/// once per run (it was a warning per ONNX session).
+/// once per run (it was a warning per ONNX session). The voice runs without its sampled noise
+/// (`[speech] voice_noise = false`): the same audio each run, so what Whisper hears is too (a
+/// sampled "Hello there." was once heard "alo there.").
 #[test]
 fn run_prints_events_and_says_where_speech_runs_once() {
     let dir = tempfile::tempdir().unwrap();
-    let wav = dir.path().join("hello.wav");
-    let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
-        .args(["run", "speak", "--language", "en", "--text", "Hello there.", "--out", wav.to_str().unwrap(), "--json"])
-        .env("RUST_LOG", "info")
-        .current_dir(repo())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let models = std::fs::read_to_string(repo().join("models.toml")).unwrap();
+    assert!(models.contains("\n[speech]\n"), "models.toml has no [speech] table");
+    let config = dir.path().join("models.toml");
+    std::fs::write(&config, models.replacen("\n[speech]\n", "\n[speech]\nvoice_noise = false\n", 1)).unwrap();
+    let config = config.to_str().unwrap();
+    let speak = |wav: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kazeia"))
+            .args(["run", "speak", "--config", config, "--language", "en", "--text", "Hello there.", "--json"])
+            .arg("--out")
+            .arg(wav)
+            .env("RUST_LOG", "info")
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            out.status.code(),
+        )
+    };
+    let (wav, again) = (dir.path().join("hello.wav"), dir.path().join("again.wav"));
+    let (stdout, stderr, code) = speak(&wav);
+    assert_eq!(code, Some(0), "{stderr}");
     let types: Vec<String> = stdout
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(types, ["accepted", "done"], "{stdout}");
-    assert!(wav.is_file());
     assert!(!stderr.contains('\x1b'), "colour codes in a log that is not a terminal: {stderr:?}");
     assert!(stderr.matches("QNN").count() <= 1, "{stderr}");
+    let (_, stderr, code) = speak(&again);
+    assert_eq!(code, Some(0), "{stderr}");
+    let bytes = std::fs::read(&wav).unwrap();
+    assert!(bytes.len() > 16_000, "{} bytes", bytes.len());
+    assert!(bytes == std::fs::read(&again).unwrap(), "voice_noise = false rendered the same text differently");
 
-    let (code, out, err) = kazeia(&["run", "transcribe", "--audio", wav.to_str().unwrap(), "--language", "en"]);
+    let (code, out, err) =
+        kazeia(&["run", "transcribe", "--config", config, "--audio", wav.to_str().unwrap(), "--language", "en"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.to_lowercase().contains("hello"), "{out}");
     assert_eq!(err.matches("[speech on ").count(), 1, "{err}");

@@ -16,7 +16,7 @@ fn config_text() -> String {
         "[daemon]\npreload = true\n\n\
          [[model]]\nrole = \"thinker\"\nfile = \"{f}\"\nn_ctx = 2048\nthreads = 2\nbackend = \"cpu\"\n[model.sampling]\ntemperature = 0.0\nmax_tokens = 200\n\n\
          [[model]]\nrole = \"guard\"\nfile = \"{f}\"\nn_ctx = 2048\nn_ubatch = 128\ncache_slots = 2\nthreads = 2\nbackend = \"cpu\"\npriority = 90\n[model.sampling]\ntemperature = 0.0\nmax_tokens = 16\n\n\
-         [guard]\nformat = \"compact\"\n\n[speech]\nlanguage = \"en\"\nvad_silence = \"400ms\"\n",
+         [guard]\nformat = \"compact\"\n\n[speech]\nlanguage = \"en\"\nvad_silence = \"400ms\"\nvoice_noise = false\n",
         f = smollm2().display()
     )
 }
@@ -190,8 +190,9 @@ async fn transcribe_and_voice_over_the_socket() {
     assert!(said.contains("Paris"), "reply audio says {said:?} for tokens {tokens:?}");
     assert!(c.status().await.unwrap().models.iter().all(|m| m.state != kazeia_ipc::ModelState::Failed));
 
-    // speak: text in, audio frames out, and the audio says the text (Piper
-    // samples noise, each rendering differs a little).
+    // speak: text in, audio frames out, and the audio says the text (the daemon's voice
+    // without its sampled noise, `voice_noise = false`: the same audio, so the same words heard,
+    // every run).
     let id = c.new_id();
     let req = Request::Turn {
         id: id.clone(),
