@@ -104,7 +104,8 @@ pub const HANDOFF: std::time::Duration = std::time::Duration::from_millis(300);
 /// the speaker and not yet taken (every role's, each until its deadline).
 struct Holds {
     speech: usize,
-    paused: Vec<String>,
+    /// (paused role, the role whose check the pause waits for).
+    paused: Vec<(String, String)>,
     handoffs: Vec<std::time::Instant>,
 }
 
@@ -117,10 +118,15 @@ impl Holds {
         }
     }
 
-    /// Whether a decode of `role` waits now.
+    /// Whether a decode of `role` waits now. A paused role that another pause's check runs on
+    /// is not held: two turns whose pipelines swap the same two roles (one's Thinker the
+    /// other's guard) would otherwise each hold the check that ends the other's pause, and
+    /// every decode of both would wait [`MAX_HOLD`].
     fn blocks(&mut self, role: &str, now: std::time::Instant) -> bool {
         self.expire(now);
-        self.speech > 0 || !self.handoffs.is_empty() || self.paused.iter().any(|r| r == role)
+        self.speech > 0
+            || !self.handoffs.is_empty()
+            || (self.paused.iter().any(|(p, _)| p == role) && !self.paused.iter().any(|(_, c)| c == role))
     }
 
     /// The next time a wait must look again with no one to wake it: a handoff's deadline.
@@ -150,8 +156,8 @@ impl Holds {
         self.handoffs.push(now + HANDOFF);
     }
 
-    fn unpause(&mut self, role: &str) {
-        if let Some(i) = self.paused.iter().position(|r| r == role) {
+    fn unpause(&mut self, role: &str, checker: &str) {
+        if let Some(i) = self.paused.iter().position(|(p, c)| p == role && c == checker) {
             self.paused.remove(i);
         }
     }
@@ -201,17 +207,19 @@ impl Drop for SpeechHold {
 /// user waits for: a Thinker decode queued behind the output check used to start at its
 /// verdict, before the speaker held the decodes, and ran beside the first synthesis (one token
 /// 166 ms instead of 16, the first audio 210 ms instead of ~97: tools/bench-voice, debug log).
-/// Process-wide, by role name: two turns at once whose pipelines swap the same two roles
-/// (one's Thinker the other's guard) would pause each other's checks, each decode then
-/// waiting `MAX_HOLD`; the runner pauses only a Thinker that is not its own guard.
+/// Process-wide, by role name (another turn's decodes of that role wait too); a role another
+/// pause's check runs on is never held ([`Holds::blocks`]). The runner pauses only a Thinker
+/// that is not its own guard (the check would wait on itself).
 pub struct RolePause {
     role: String,
+    checker: String,
 }
 
 impl RolePause {
-    pub fn take(role: &str) -> RolePause {
-        holds().paused.push(role.to_string());
-        RolePause { role: role.to_string() }
+    /// Pause `role` while `checker` checks its unit.
+    pub fn take(role: &str, checker: &str) -> RolePause {
+        holds().paused.push((role.to_string(), checker.to_string()));
+        RolePause { role: role.to_string(), checker: checker.to_string() }
     }
 
     /// The unit passed and goes to the speaker: every decode waits until the speaker takes it
@@ -224,7 +232,7 @@ impl RolePause {
 
 impl Drop for RolePause {
     fn drop(&mut self) {
-        holds().unpause(&self.role);
+        holds().unpause(&self.role, &self.checker);
         RELEASED.notify_all();
     }
 }
@@ -303,14 +311,38 @@ mod tests {
         Holds { speech: 0, paused: Vec::new(), handoffs: Vec::new() }
     }
 
+    fn pause(h: &mut Holds, role: &str, checker: &str) {
+        h.paused.push((role.into(), checker.into()));
+    }
+
     #[test]
     fn a_paused_role_waits_and_the_others_run() {
         let (mut h, now) = (none(), Instant::now());
-        h.paused.push("thinker".into());
+        pause(&mut h, "thinker", "guard");
         assert!(h.blocks("thinker", now));
         assert!(!h.blocks("guard", now));
-        h.unpause("thinker");
+        // Two turns of the same pipeline: the Thinker waits until both checks ended.
+        pause(&mut h, "thinker", "guard");
+        h.unpause("thinker", "guard");
+        assert!(h.blocks("thinker", now));
+        h.unpause("thinker", "guard");
         assert!(!h.blocks("thinker", now));
+    }
+
+    #[test]
+    fn two_turns_with_swapped_roles_do_not_hold_each_other_s_check() {
+        let (mut h, now) = (none(), Instant::now());
+        // Turn A: Thinker `a`, guard `b`; turn B: Thinker `b`, guard `a`. Each check runs on the
+        // role the other turn paused.
+        pause(&mut h, "a", "b");
+        assert!(h.blocks("a", now) && !h.blocks("b", now));
+        pause(&mut h, "b", "a");
+        assert!(!h.blocks("a", now) && !h.blocks("b", now));
+        // A's check ended: its pause goes, and B's holds `b` again.
+        h.unpause("a", "b");
+        assert!(!h.blocks("a", now) && h.blocks("b", now));
+        h.unpause("b", "a");
+        assert!(!h.blocks("b", now));
     }
 
     #[test]

@@ -285,7 +285,7 @@ pub async fn run_turn(
             } else if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 checking_thought = false;
                 if pause_thinker {
-                    paused = Some(kazeia_engine::RolePause::take(&think_role));
+                    paused = Some(kazeia_engine::RolePause::take(&think_role, role));
                 }
                 let reply = format!("{released}{}", &pending_text[..n]);
                 let (role, user_text) = (role.clone(), input.text.clone());

@@ -418,7 +418,7 @@ async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
         slot: 0,
     };
     let t = Instant::now();
-    let pause = RolePause::take(thinker);
+    let pause = RolePause::take(thinker, guard);
     assert!(decodes_held(thinker) && !decodes_held(guard));
     let mut rx = engine.generate(req(thinker, "Name a colour.", greedy.clone()), CancellationToken::new()).unwrap();
     let verdict = engine.classify(check, CancellationToken::new()).unwrap().await.unwrap().unwrap();
@@ -438,7 +438,7 @@ async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
     assert!(summary.metrics.generated_tokens > 0 && !evs.is_empty(), "{summary:?}");
     // A unit nobody takes (a speaker that failed) holds the decodes no longer than `HANDOFF`:
     // a handoff that never ended would hold this prompt's decode for `MAX_HOLD`.
-    RolePause::take(thinker).to_speech();
+    RolePause::take(thinker, guard).to_speech();
     let t = Instant::now();
     let (_, summary) =
         collect(engine.generate(req(thinker, "Name a fruit.", greedy), CancellationToken::new()).unwrap()).await;
