@@ -445,3 +445,35 @@ async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
     assert!(summary.metrics.generated_tokens > 0, "{summary:?}");
     assert!(t.elapsed() < MAX_HOLD, "an untaken handoff held the engine {:?}", t.elapsed());
 }
+
+/// Two turns whose pipelines swap the same two roles (one's Thinker the other's guard): each
+/// turn's spoken unit pauses its Thinker while its guard checks it, and each check runs on the
+/// role the other turn paused. Both checks must run now: they held each other, every decode of
+/// both roles waiting `MAX_HOLD` (5 s) against well under a second for the two checks.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_turns_with_swapped_roles_do_not_hold_each_other_s_check() {
+    use kazeia_engine::{RolePause, MAX_HOLD};
+    use kazeia_pipelines::ClassifyRequest;
+    // Role names of this test's own: the holds are process-wide, and tests run side by side.
+    let (a, b) = ("swap-a", "swap-b");
+    let engine = Engine::new();
+    load(&engine, &model_toml(a, &smollm2(), "n_ctx = 512"), a).unwrap();
+    load(&engine, &model_toml(b, &smollm2(), "n_ctx = 512"), b).unwrap();
+    let check = |role: &str| ClassifyRequest {
+        role: role.into(),
+        messages: vec![ChatMessage::new("user", "Answer with one word. Is the sky blue?")],
+        answer_prefix: "Answer:".into(),
+        labels: vec![" Yes".into(), " No".into()],
+        reuse_cache: true,
+        slot: 0,
+    };
+    let t = Instant::now();
+    let (_turn_a, _turn_b) = (RolePause::take(a, b), RolePause::take(b, a));
+    let (va, vb) = (
+        engine.classify(check(b), CancellationToken::new()).unwrap(),
+        engine.classify(check(a), CancellationToken::new()).unwrap(),
+    );
+    let (va, vb) = (va.await.unwrap().unwrap(), vb.await.unwrap().unwrap());
+    assert!(va.prefilled_tokens > 0 && vb.prefilled_tokens > 0, "{va:?} {vb:?}");
+    assert!(t.elapsed() < MAX_HOLD, "the two checks held each other {:?}", t.elapsed());
+}
