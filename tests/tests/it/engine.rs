@@ -398,7 +398,8 @@ async fn collect_result(
 /// check runs); the verdict hands the unit to the speaker, and no decode starts until the
 /// speaker has taken it. Deterministic: a paused role cannot decode at all, not even its
 /// prompt, for up to `MAX_HOLD`, far longer than the check takes; the handoff is read from the
-/// holds themselves (`decodes_held`: no other test in this process takes any).
+/// holds themselves (`decodes_held`: no other test in this process takes a speech hold or
+/// hands a unit over, the holds of every role; the swapped-roles test pauses its own roles).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
     use kazeia_engine::{decodes_held, RolePause, SpeechHold, MAX_HOLD};
