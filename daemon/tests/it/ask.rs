@@ -14,11 +14,9 @@ use kazeia_ipc::{Event, TurnOptions};
 /// The repo's models.toml as a user has it (its speech preloaded), with English speech (a fixed
 /// language keeps the transcripts comparable) and both roles loaded at start.
 fn daemon() -> Daemon {
-    let models = std::fs::read_to_string(repo().join("models.toml")).unwrap();
-    assert!(models.contains("\n[speech]\n"), "models.toml has no [speech] table");
     // The voice without its sampled noise: the question and the reply it speaks are the same
     // audio each run, so what Whisper hears back is too.
-    let models = models.replacen("\n[speech]\n", "\n[speech]\nlanguage = \"en\"\nvoice_noise = false\n", 1);
+    let models = common::shipped_models_with_speech("language = \"en\"\nvoice_noise = false\n");
     Daemon::start(&format!("[daemon]\npreload = true\n\n{models}"))
 }
 

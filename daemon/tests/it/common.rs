@@ -18,6 +18,13 @@ pub fn repo() -> PathBuf {
     PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test")).join("..")
 }
 
+/// The repo's models.toml with `lines` added at the top of its `[speech]` table.
+pub fn shipped_models_with_speech(lines: &str) -> String {
+    let models = std::fs::read_to_string(repo().join("models.toml")).unwrap();
+    assert!(models.contains("\n[speech]\n"), "models.toml has no [speech] table");
+    models.replacen("\n[speech]\n", &format!("\n[speech]\n{lines}"), 1)
+}
+
 pub fn smollm2() -> PathBuf {
     model_file("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
