@@ -91,6 +91,12 @@ impl Supervisor {
         parent: &CancellationToken,
     ) -> Result<Turn, LlmError> {
         let refuse = |code, message: String| Err(LlmError::new(code, message));
+        // Before any other refusal: a final error under a running turn's id would tell its
+        // client that turn had ended (it goes on; `duplicate_id` is not final).
+        if self.is_running(who.conn, &request.id) {
+            let id = &request.id;
+            return refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+        }
         if self.stopping.is_cancelled() {
             return refuse(ErrorCode::ShuttingDown, "the daemon is shutting down".into());
         }
@@ -140,6 +146,7 @@ impl Supervisor {
         {
             let mut turns = self.turns.lock().expect("turns lock");
             let key = (who.conn, request.id.clone());
+            // (Checked again under the lock that inserts it.)
             if turns.contains_key(&key) {
                 let id = &request.id;
                 return refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
