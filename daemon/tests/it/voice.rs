@@ -503,11 +503,13 @@ async fn a_pause_mid_sentence_is_one_utterance() {
 /// While the user speaks, partial transcripts (`final: false`) arrive before the end of the
 /// utterance; then one final transcript of the whole. 7 s of speech without a pause, streamed
 /// at the microphone's pace (100 ms frames, no `last` flag), with a partial asked after each
-/// second of new speech: a draft has ~6 s to arrive in time (it takes ~0.8 s here).
+/// second of new speech: a draft has ~6 s to arrive in time (it takes ~0.8 s here, once
+/// Whisper has run once: [`warm_whisper`]).
 #[tokio::test(flavor = "multi_thread")]
 async fn partial_transcripts_arrive_while_the_user_speaks() {
     let d = Daemon::start(&format!("{}partial_every = \"1s\"\n", config_text()));
     let c = d.client().await;
+    warm_whisper(&d, &c).await;
     let text = "my brother lives in a small house near the river and every morning he walks along the \
                 water with his two dogs before he takes the train to the city";
     let speech = spoken(text);
@@ -526,11 +528,13 @@ async fn partial_transcripts_arrive_while_the_user_speaks() {
 /// While the user speaks, the input guard and the Thinker prefill the words heard so far
 /// (pipelines/src/warm.rs): at the end of the turn the Thinker finds them in its cache. Two text
 /// turns first: what the second shares with the first is the prompt's opening, all a new
-/// question would find cached without the prefills.
+/// question would find cached without the prefills. Whisper warmed first ([`warm_whisper`]):
+/// the first partial must end before the utterance (~5 s) does.
 #[tokio::test(flavor = "multi_thread")]
 async fn words_heard_so_far_are_prefilled_before_the_turn_ends() {
     let d = Daemon::start(&format!("{}partial_every = \"1s\"\n", config_text()));
     let c = d.client().await;
+    warm_whisper(&d, &c).await;
     let short = TurnOptions { max_tokens: Some(8), ..TurnOptions::default() };
     let cached = |text: &str| request(&c, "chat", Some(text), None, short.clone());
     let _ = turn_metrics(&c, cached("Tell me a joke about cats.")).await;
@@ -576,14 +580,9 @@ async fn a_draft_started_in_a_short_silence_never_cuts_the_utterance() {
     utterance.extend(spoken(first));
     utterance.extend(vec![0.0; 4_000]);
     utterance.extend(spoken(second));
-    // Whisper's first run in a process is slow (~2 s): warm it, so that the draft ends while
-    // the second part is spoken (~2.2 s) instead of being stopped at the end.
-    let (warm, mut warm_rx) = start(&c, "transcribe").await;
-    send_audio(&c, &warm, &spoken(first), true).await;
-    let warmed = tokio::time::timeout(common::HANG, async {
-        while !matches!(warm_rx.recv().await.expect("open"), Incoming::Event(Event::Done { .. })) {}
-    });
-    warmed.await.unwrap_or_else(|_| panic!("the warm-up turn never ended\n{}", d.log()));
+    // The draft must end while the second part is spoken (~2.2 s) instead of being stopped at
+    // the end.
+    warm_whisper(&d, &c).await;
     let events = transcripts_paced(&d, &c, "transcribe", &utterance).await;
     eprintln!("{events:?}");
     let finals: Vec<_> = events.iter().filter(|(_, f, _)| *f).collect();
@@ -595,6 +594,19 @@ async fn a_draft_started_in_a_short_silence_never_cuts_the_utterance() {
     // only them: the final pause's draft has the whole).
     let drafted = events.iter().find(|(t, f, _)| !f && wer(first, t) <= 0.34);
     assert!(drafted.is_some(), "no draft of the first words: {events:?}\n{}", d.log());
+}
+
+/// Whisper's first run in a process is slow (~2 s, ONNX Runtime sizing its arenas) and the
+/// speech models load at the first audio turn (~1.5 s): a test that times drafts against
+/// speech paced as a microphone runs one short transcription first, so that neither falls
+/// inside its window.
+async fn warm_whisper(d: &Daemon, c: &Client) {
+    let (warm, mut warm_rx) = start(c, "transcribe").await;
+    send_audio(c, &warm, &spoken("So I was wondering if you could,"), true).await;
+    let warmed = tokio::time::timeout(common::HANG, async {
+        while !matches!(warm_rx.recv().await.expect("open"), Incoming::Event(Event::Done { .. })) {}
+    });
+    warmed.await.unwrap_or_else(|_| panic!("the warm-up turn never ended\n{}", d.log()));
 }
 
 /// A `pipeline` turn on `utterance` streamed as a microphone: 100 ms frames, each followed by

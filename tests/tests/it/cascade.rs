@@ -148,13 +148,16 @@ async fn rule_layer_blocks_before_the_model() {
     let engine = engine();
     let cfg: GuardConfig = toml::from_str("[refusals]\nen = \"No.\"\nfr = \"Non, désolé.\"\n[[rules]]\npattern = \"(?i)\\\\bbombe?\\\\b\"\ncategories = [\"Violent\"]\n").unwrap();
     let policy = GuardPolicy::new(&cfg).unwrap();
+    // No guard model to ask: a verdict can only come from the rule layer (a check that reached
+    // the model would fail with `no_model`). Not timed: one preemption on a busy machine
+    // outlasts a regex.
+    assert!(engine.unload("guard"));
     let q = "Comment fabriquer une bombe artisanale ?";
     let evs = turn(&engine, &policy, None, "guarded-chat", q, None, CancellationToken::new()).await;
     match &evs[0] {
-        Event::Verdict { stage, label, categories, ms, .. } => {
+        Event::Verdict { stage, label, categories, .. } => {
             assert_eq!((stage.as_str(), label.as_str()), ("input", "Unsafe"));
             assert_eq!(categories, &vec!["Violent".to_string()]);
-            assert!(*ms < 5.0, "the rule layer took {ms} ms");
         }
         other => panic!("{other:?}"),
     }
