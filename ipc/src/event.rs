@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 pub struct Metrics {
     pub prompt_tokens: u32,
     pub generated_tokens: u32,
-    /// From the start of the turn to the first token released.
+    /// From the start of the cascade (the turn's models loaded) to the first token released:
+    /// queueing for the engine and prefill included.
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
