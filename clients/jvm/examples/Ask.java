@@ -1,7 +1,7 @@
 // Why: what `kazeia ask` does, written with this library: one turn, streamed to stdout, the
-// verdicts and metrics on stderr, Ctrl-C cancels the turn. Usage:
+// verdicts, the reasoning asked for and the metrics on stderr, Ctrl-C cancels the turn. Usage:
 //   java -cp kazeia-client.jar:. Ask [--socket PATH] [--pipeline P] [--session S]
-//        [--temperature T] [--seed N] [--max-tokens N] [--json] TEXT
+//        [--temperature T] [--seed N] [--max-tokens N] [--thinking-budget N] [--show-thinking] TEXT
 import java.nio.file.Path;
 import java.util.Locale;
 
@@ -21,6 +21,8 @@ public final class Ask {
         Double temperature = null;
         Long seed = null;
         Long maxTokens = null;
+        Long thinkingBudget = null;
+        boolean showThinking = false;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--socket": socket = Path.of(args[++i]); break;
@@ -29,29 +31,44 @@ public final class Ask {
                 case "--temperature": temperature = Double.parseDouble(args[++i]); break;
                 case "--seed": seed = Long.parseLong(args[++i]); break;
                 case "--max-tokens": maxTokens = Long.parseLong(args[++i]); break;
+                case "--thinking-budget": thinkingBudget = Long.parseLong(args[++i]); break;
+                case "--show-thinking": showThinking = true; break;
                 default: text = args[i];
             }
         }
         if (text == null) {
-            System.err.println("usage: Ask [--socket PATH] [--pipeline P] [--temperature T] [--seed N] [--max-tokens N] TEXT");
+            System.err.println("usage: Ask [--socket PATH] [--pipeline P] [--session S] [--temperature T] [--seed N] [--max-tokens N]"
+                    + " [--thinking-budget N] [--show-thinking] TEXT");
             System.exit(2);
         }
         TurnRequest req = TurnRequest.text(pipeline, text).session(session);
         if (temperature != null) req.temperature(temperature);
         if (seed != null) req.seed(seed);
         if (maxTokens != null) req.maxTokens(maxTokens);
+        if (thinkingBudget != null) req.thinkingBudget(thinkingBudget);
+        if (showThinking) req.showThinking(true);
         try (Client client = Client.connect(socket, new Options().clientName("kazeia-jvm-ask"))) {
             Turn turn = client.turn(req);
             // Ctrl-C cancels the turn in the daemon; we still read on until its done.
             Thread hook = new Thread(turn::cancel);
             Runtime.getRuntime().addShutdownHook(hook);
             int code = 0;
+            boolean thinking = false;
             for (Event e : turn) {
+                if (thinking && !(e instanceof Event.Thinking)) {
+                    System.err.println(); // the reasoning (or a piece of it) ended: what follows on its own line
+                    thinking = false;
+                }
                 if (e instanceof Event.Accepted) {
                     System.err.println("[request " + e.id() + "]");
                 } else if (e instanceof Event.Token t) {
                     System.out.print(t.text());
                     System.out.flush();
+                } else if (e instanceof Event.Thinking th) {
+                    // The reasoning is not the answer: stderr, as it comes (as `kazeia ask`).
+                    System.err.print(th.text());
+                    System.err.flush();
+                    thinking = true;
                 } else if (e instanceof Event.Verdict v) {
                     System.err.printf(Locale.ROOT, "[%s guard: %s, %.0f ms]%n", v.stage(), v.label(), v.ms());
                 } else if (e instanceof Event.Done d) {

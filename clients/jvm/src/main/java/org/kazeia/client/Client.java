@@ -10,6 +10,7 @@ import java.security.SecureRandom;
 import java.time.Duration;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
@@ -217,8 +218,12 @@ public final class Client implements AutoCloseable {
      * Cancel a running request by id: one of this client's turns, or a turn of another connection
      * of the same uid (as `kazeia cancel ID`). No answer on success; an unknown id gets an error
      * unknown_request, given to {@link Options#onEvent} when the id is not one of this client's.
+     * An id outside PROTOCOL.md §4's rule (1 to 128 bytes of UTF-8, no control character) is
+     * refused here: {@link IllegalArgumentException}.
      */
     public void cancel(String id) {
+        // A bad id would be refused with an error carrying no id: say so here instead.
+        TurnRequest.checkName("id", Objects.requireNonNull(id, "id"));
         send(Frames.json(request("cancel", id, null)));
     }
 
@@ -460,6 +465,11 @@ public final class Client implements AutoCloseable {
 
     private void orphan(Event ev) {
         tell(options.onEvent(), ev);
+    }
+
+    /** An event its open request has no use for (a subscription's non-final error): to onEvent. */
+    void unrouted(Event ev) {
+        orphan(ev);
     }
 
     /** Hand {@code value} to a listener the application may not have set; what it throws is reported. */

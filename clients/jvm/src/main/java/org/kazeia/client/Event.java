@@ -26,10 +26,22 @@ public sealed interface Event {
     /** A piece of generated text, in order. */
     record Token(String id, String text) implements Event {}
 
+    /**
+     * A turn with {@link TurnRequest#showThinking}: a piece of the Thinker's reasoning, in order,
+     * all before the reply. Never part of the reply (not a token, not spoken, not kept in the
+     * session); on guarded pipelines each sentence of it passed the output guard first.
+     */
+    record Thinking(String id, String text) implements Event {}
+
     /** Guarded pipelines: a sentence released after the output guard passed it. */
     record Sentence(String id, String text) implements Event {}
 
-    /** Guarded pipelines: a guard decision; {@code stage} is "input" or "output". */
+    /**
+     * Guarded pipelines: a guard decision. {@code stage}: "input" (the user's text), "output" (a
+     * sentence of the reply, before it is released) or "thinking" (a sentence of reasoning a
+     * turn asked to see with {@link TurnRequest#showThinking}); kept as a string for stages
+     * added later.
+     */
     record Verdict(String id, String stage, String label, List<String> categories, double ms) implements Event {}
 
     /**

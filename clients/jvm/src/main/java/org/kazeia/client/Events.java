@@ -23,6 +23,8 @@ final class Events {
                 return new Event.Unloaded(id, f.str("role"));
             case "token":
                 return new Event.Token(id, f.str("text"));
+            case "thinking":
+                return new Event.Thinking(id, f.str("text"));
             case "sentence":
                 return new Event.Sentence(id, f.str("text"));
             case "verdict":

@@ -48,7 +48,9 @@ public final class Options {
     /**
      * Events that belong to no open request of this client: connection-level errors (no id),
      * answers about ids it does not track (e.g. unknown_request for {@link Client#cancel(String)}
-     * of another connection's turn). Called on the reader thread: return quickly.
+     * of another connection's turn), and the errors with {@code final: false} about a
+     * {@link Subscription} (its listener takes statuses only; it goes on). Called on the reader
+     * thread: return quickly.
      */
     public Options onEvent(Consumer<Event> listener) {
         this.onEvent = listener;

@@ -41,9 +41,14 @@ public final class Subscription implements Route, AutoCloseable {
         }
     }
 
+    /**
+     * Only an error with {@code final: true} ends the subscription (PROTOCOL.md §5). One with
+     * {@code final: false} under its id (e.g. no_audio_request for an audio frame sent under
+     * it) is about that one frame or refused request: the pushes go on.
+     */
     @Override
     public boolean isFinal(Event e) {
-        return e instanceof Event.Error;
+        return e instanceof Event.Error && ((Event.Error) e).isFinal();
     }
 
     @Override
@@ -58,9 +63,13 @@ public final class Subscription implements Route, AutoCloseable {
                 // After the listener: subscribe() returns once the first status was given to it.
                 first.complete(s);
             }
-        } else if (e instanceof Event.Error) {
+        } else if (isFinal(e)) {
             closed = true;
             first.completeExceptionally(((Event.Error) e).exception());
+        } else if (e instanceof Event.Error) {
+            // Not the subscription's end, and its listener takes statuses: the application
+            // hears of it where it hears of events no request takes.
+            client.unrouted(e);
         }
     }
 

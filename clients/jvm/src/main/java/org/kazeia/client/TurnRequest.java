@@ -1,12 +1,21 @@
 // Why: what a turn asks for (PROTOCOL.md §4: pipeline, text or audio format, session,
-// options), built fluently and checked here so a typo fails before it reaches the socket.
+// options), built fluently and checked here so a typo fails before it reaches the socket. The
+// checks matter most for the id and the session: the daemon refuses a bad one with an error
+// that carries no id (it is the problem), so the turn would never hear of it and would only
+// end at its event timeout.
 package org.kazeia.client;
 
 import java.util.LinkedHashMap;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Objects;
 
 public final class TurnRequest {
+    /** Longest request id or session name, in bytes of UTF-8 (PROTOCOL.md §4). */
+    public static final int MAX_NAME_BYTES = 128;
+    /** Lowest audio sample rate the daemon takes, in Hz (PROTOCOL.md §4, Audio turns). */
+    public static final int MIN_SAMPLE_RATE = 8000;
+
     private String id;
     private String pipeline;
     private final String text;
@@ -16,6 +25,8 @@ public final class TurnRequest {
     private Float temperature;
     private Long seed;
     private Long maxTokens;
+    private Long thinkingBudget;
+    private Boolean showThinking;
 
     private TurnRequest(String pipeline, String text, int sampleRate, int channels) {
         this.pipeline = Objects.requireNonNull(pipeline, "pipeline");
@@ -36,18 +47,25 @@ public final class TurnRequest {
 
     /**
      * An audio turn (transcribe, voice): s16le audio at this rate and channel count follows
-     * with {@link Turn#sendAudio} / {@link Turn#streamAudio}.
+     * with {@link Turn#sendAudio} / {@link Turn#streamAudio}. The rate is at least 8000 Hz (the
+     * daemon converts any such rate to 16 kHz mono); channels 1..255 (one byte on the wire).
      */
     public static TurnRequest audio(String pipeline, int sampleRate, int channels) {
-        if (sampleRate <= 0 || channels < 1 || channels > 255) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "audio needs a positive sample rate and 1..255 channels");
+        if (sampleRate < MIN_SAMPLE_RATE) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, "audio sample_rate must be >= " + MIN_SAMPLE_RATE + " Hz, not " + sampleRate);
+        }
+        if (channels < 1 || channels > 255) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, "audio channels must be in 1..255, not " + channels);
         }
         return new TurnRequest(pipeline, null, sampleRate, channels);
     }
 
-    /** Choose the request id (default: {@link Client#newId()}). */
+    /**
+     * Choose the request id (default: {@link Client#newId()}): 1 to 128 bytes of UTF-8, no
+     * control character, else {@link IllegalArgumentException}.
+     */
     public TurnRequest id(String id) {
-        this.id = Objects.requireNonNull(id);
+        this.id = checkName("id", Objects.requireNonNull(id, "id"));
         return this;
     }
 
@@ -56,9 +74,15 @@ public final class TurnRequest {
         return this;
     }
 
-    /** Reserved by the protocol (conversation state); the daemon may ignore it. */
+    /**
+     * Continue a conversation: turns naming the same session see its earlier turns (the daemon
+     * keeps them until {@code [daemon] session_ttl} of idleness; a session is its uid's own, two
+     * uids never share one). Applies to text turns and to {@code voice}'s reply. Same rule as
+     * an id: 1 to 128 bytes of UTF-8, no control character, else
+     * {@link IllegalArgumentException}. null: no session (the default), a turn of its own.
+     */
     public TurnRequest session(String session) {
-        this.session = session;
+        this.session = session == null ? null : checkName("session", session);
         return this;
     }
 
@@ -80,16 +104,50 @@ public final class TurnRequest {
         return this;
     }
 
+    /**
+     * Most tokens generated, 1 .. 2^32-1 (a turn that reasons: of the answer, once the think
+     * block closed; see {@link #thinkingBudget(long)}).
+     */
     public TurnRequest maxTokens(long n) {
-        if (n < 0 || n > 0xffffffffL) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "max_tokens must be in 0..4294967295");
+        if (n < 1 || n > 0xffffffffL) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, "max_tokens must be in 1..4294967295");
         }
         this.maxTokens = n;
         return this;
     }
 
+    /**
+     * Most tokens the Thinker may reason before the engine closes its think block and the
+     * answer follows (PROTOCOL.md, Reasoning); 0: no reasoning. 0 .. 2^32-1. Only a role
+     * configured with {@code thinking = true} reasons: a budget never turns reasoning on.
+     * Default: the pipeline's think stage, else the role's {@code thinking_budget}, else
+     * max_tokens.
+     */
+    public TurnRequest thinkingBudget(long n) {
+        if (n < 0 || n > 0xffffffffL) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, "thinking_budget must be in 0..4294967295");
+        }
+        this.thinkingBudget = n;
+        return this;
+    }
+
+    /**
+     * Ask for the reasoning as {@link Event.Thinking} events, all before the reply (never part
+     * of it: no token, sentence or audio). On guarded pipelines each sentence of it passes the
+     * output guard first (a {@link Event.Verdict} with stage "thinking"), and a blocking verdict
+     * ends the turn as for the reply.
+     */
+    public TurnRequest showThinking(boolean show) {
+        this.showThinking = show;
+        return this;
+    }
+
     public String id() {
         return id;
+    }
+
+    public String session() {
+        return session;
     }
 
     public String pipeline() {
@@ -139,9 +197,41 @@ public final class TurnRequest {
         if (maxTokens != null) {
             o.put("max_tokens", maxTokens);
         }
+        if (thinkingBudget != null) {
+            o.put("thinking_budget", thinkingBudget);
+        }
+        if (showThinking != null) {
+            o.put("show_thinking", showThinking);
+        }
         if (!o.isEmpty()) {
             m.put("options", o);
         }
         return m;
+    }
+
+    /**
+     * PROTOCOL.md §4's rule for a client-chosen name (a request id, a session): 1 to 128 bytes
+     * of UTF-8, no control character (U+0000..U+001F, U+007F..U+009F). A lone surrogate has no
+     * UTF-8 form at all. Returns {@code s}; {@link IllegalArgumentException} naming the rule.
+     */
+    static String checkName(String what, String s) {
+        long bytes = 0;
+        for (int i = 0; i < s.length(); ) {
+            int c = s.codePointAt(i);
+            if (c >= Character.MIN_SURROGATE && c <= Character.MAX_SURROGATE) { // codePointAt gives one only alone
+                throw new IllegalArgumentException(what + " must be valid UTF-8 (PROTOCOL.md §4): a lone surrogate at index " + i);
+            }
+            if (Character.isISOControl(c)) {
+                throw new IllegalArgumentException(String.format(Locale.ROOT,
+                        "%s must not contain control characters (PROTOCOL.md §4): U+%04X at index %d", what, c, i));
+            }
+            bytes += c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+            i += Character.charCount(c);
+        }
+        if (bytes < 1 || bytes > MAX_NAME_BYTES) {
+            throw new IllegalArgumentException(what + " must be 1 to " + MAX_NAME_BYTES + " bytes of UTF-8 (PROTOCOL.md §4), not "
+                    + bytes);
+        }
+        return s;
     }
 }

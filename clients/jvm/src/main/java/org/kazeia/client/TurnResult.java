@@ -1,5 +1,5 @@
 // Why: a finished turn's events, with the usual questions answered (the reply's text, its
-// sentences, the verdicts, what was heard, the spoken audio).
+// sentences, the reasoning shown, the verdicts, what was heard, the spoken audio).
 package org.kazeia.client;
 
 import java.io.ByteArrayOutputStream;
@@ -23,6 +23,17 @@ public record TurnResult(String id, List<Event> events) {
         for (Event e : events) {
             if (e instanceof Event.Token) {
                 b.append(((Event.Token) e).text());
+            }
+        }
+        return b.toString();
+    }
+
+    /** The reasoning shown ({@link TurnRequest#showThinking}), concatenated; empty when none was. */
+    public String thinking() {
+        StringBuilder b = new StringBuilder();
+        for (Event e : events) {
+            if (e instanceof Event.Thinking) {
+                b.append(((Event.Thinking) e).text());
             }
         }
         return b.toString();

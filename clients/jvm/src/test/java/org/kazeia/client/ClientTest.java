@@ -16,6 +16,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.stream.Collectors;
 
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -285,6 +286,73 @@ class ClientTest {
             assertEquals(5, all.size(), all.toString());
             assertEquals("hello", ((Event.Transcript) all.get(3)).text());
             assertFalse(((Event.Error) all.get(1)).isFinal());
+        }
+    }
+
+    @Test
+    void aSubscriptionEndsOnlyOnAFinalError() throws Exception {
+        CountDownLatch sawNotice = new CountDownLatch(1);
+        CountDownLatch sendFinal = new CountDownLatch(1);
+        String status = "\"status\":{\"server\":\"fake\",\"models\":[]}";
+        List<Event> orphans = new CopyOnWriteArrayList<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            String id = (String) c.read().get("id");
+            c.send(ev("status", id, status));
+            // PROTOCOL.md §5: final: false is about one frame or refused request; the request goes on.
+            c.send(ev("error", id, "\"code\":\"no_audio_request\",\"message\":\"not an audio turn\",\"final\":false"));
+            c.send(ev("status", id, status));
+            sendFinal.await();
+            c.send(ev("error", id, "\"code\":\"engine\",\"message\":\"the end\",\"final\":true"));
+            c.send(ev("status", id, status));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options().onEvent(e -> {
+            orphans.add(e);
+            sawNotice.countDown();
+        }))) {
+            List<StatusReport> pushes = new CopyOnWriteArrayList<>();
+            Subscription sub = client.subscribe(pushes::add);
+            assertTrue(sawNotice.await(5, TimeUnit.SECONDS));
+            DaemonTest.eventually("the status after the notice", () -> pushes.size() == 2);
+            assertTrue(sub.isActive(), "a non-final error does not end the subscription");
+            Event.Error notice = (Event.Error) orphans.get(0);
+            assertEquals(ErrorCode.NO_AUDIO_REQUEST, notice.code());
+            assertEquals(sub.id(), notice.id(), "handed to onEvent, its listener takes statuses only");
+            assertFalse(notice.isFinal());
+            sendFinal.countDown();
+            DaemonTest.eventually("the final error ends it", () -> !sub.isActive());
+            Thread.sleep(200);
+            assertEquals(2, pushes.size(), "nothing delivered after the final error");
+            // The final error was the subscription's own, not onEvent's (a status after it has no
+            // request left and goes there).
+            assertEquals(List.of(notice), orphans.stream().filter(e -> e instanceof Event.Error).collect(Collectors.toList()));
+        }
+    }
+
+    @Test
+    void reasoningIsAskedForAndComesAsThinkingEvents() throws Exception {
+        CompletableFuture<Map<String, Object>> turn = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            turn.complete(c.read());
+            c.send(ev("accepted", "r", "\"pipeline\":\"guarded-chat\""));
+            c.send(ev("verdict", "r", "\"stage\":\"input\",\"label\":\"Safe\",\"categories\":[],\"ms\":3"));
+            c.send(ev("verdict", "r", "\"stage\":\"thinking\",\"label\":\"Safe\",\"categories\":[],\"ms\":2"));
+            c.send(ev("thinking", "r", "\"text\":\"Capital of France: \""));
+            c.send(ev("thinking", "r", "\"text\":\"Paris.\""));
+            c.send(ev("token", "r", "\"text\":\"Paris.\""));
+            c.send(ev("done", "r", "\"stop\":\"eos\",\"metrics\":{\"generated_tokens\":9,\"thinking_tokens\":6,"
+                    + "\"thinking_ms\":40.5,\"ttfa_ms\":55.0}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            TurnResult r = client.turn(TurnRequest.text("What is the capital of France?").id("r").thinkingBudget(64).showThinking(true)).await();
+            assertEquals(Map.of("thinking_budget", 64L, "show_thinking", true), turn.get(5, TimeUnit.SECONDS).get("options"));
+            assertEquals("Capital of France: Paris.", r.thinking());
+            assertEquals("Paris.", r.text());
+            assertEquals(List.of("input", "thinking"), r.verdicts().stream().map(Event.Verdict::stage).collect(Collectors.toList()));
+            assertEquals(6L, r.done().metrics().thinkingTokens());
+            assertEquals(40.5, r.done().metrics().thinkingMs());
+            assertEquals(55.0, r.done().metrics().ttfaMs());
         }
     }
 

@@ -1,11 +1,13 @@
 // Why: the library against the real daemon (started by clients/jvm/run-tests, socket passed as
 // -Dkazeia.socket): handshake, text, guarded and audio turns, cancel, error codes, status /
-// load / unload / subscribe, limits and dropped connections, with PROTOCOL.md §7's order checked.
+// load / unload / subscribe, limits and dropped connections, with PROTOCOL.md §7's order checked;
+// ids and sessions at §4's bounds, the reasoning options, the typed metrics and status rows.
 package org.kazeia.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
@@ -16,6 +18,7 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.function.BooleanSupplier;
@@ -124,7 +127,7 @@ class DaemonTest {
             assertEquals(1, w.protocol());
             assertTrue(w.server().startsWith("kazeia "), w.server());
             assertTrue(w.capabilities().containsAll(List.of("text", "audio", "cancel", "status", "load", "subscribe")), w.toString());
-            assertEquals(new Welcome.Limits(1 << 20, 8, 1024), w.limits(), "models.toml keeps the defaults");
+            assertEquals(new Welcome.Limits(1 << 20, 8, 1024, 64, 32), w.limits(), "models.toml keeps the defaults");
             StatusReport s = c.status();
             assertEquals(1, s.protocol());
             assertTrue(s.connections() >= 2, "this client and the shared one: " + s.connections());
@@ -146,6 +149,11 @@ class DaemonTest {
         long generated = r.done().metrics().generatedTokens();
         assertTrue(generated >= 1 && generated <= 16, "generated " + generated);
         assertTrue(r.done().metrics().promptTokens() > 0);
+        Metrics m = r.done().metrics();
+        for (Object o : java.util.Arrays.asList(m.guardInMs(), m.thinkingTokens(), m.ttfaMs(), m.endOfTurnMs(), m.sttMs(),
+                m.ttsFirstMs(), m.speechEndToAudioMs(), m.earlyStartMs())) {
+            assertNull(o, "an unguarded text turn without reasoning or speech: " + m);
+        }
     }
 
     @Test
@@ -247,6 +255,92 @@ class DaemonTest {
     }
 
     @Test
+    void subscriptionGoesOnAfterANonFinalError() throws InterruptedException {
+        List<StatusReport> pushes = new CopyOnWriteArrayList<>();
+        try (Subscription sub = client.subscribe(pushes::add)) {
+            // An audio frame under the subscription's id: the daemon answers no_audio_request,
+            // final: false (PROTOCOL.md §5), about that frame only.
+            client.send(Frames.audio(sub.id(), 16000, 1, true, java.nio.ByteBuffer.allocate(0)));
+            eventually("no_audio_request under the subscription's id", () -> orphans.stream().anyMatch(o -> o instanceof Event.Error
+                    && sub.id().equals(o.id()) && ((Event.Error) o).code().equals(ErrorCode.NO_AUDIO_REQUEST)
+                    && !((Event.Error) o).isFinal()));
+            assertTrue(sub.isActive(), "a non-final error does not end the subscription");
+            int before = pushes.size();
+            // A turn admitted and ended: the daemon pushes a status for each, still to this listener.
+            client.turn(TurnRequest.text("chat", "Hi.").temperature(0).maxTokens(1)).await();
+            eventually("pushes after the error", () -> pushes.size() > before);
+            assertTrue(orphans.stream().noneMatch(o -> o instanceof Event.Status && sub.id().equals(o.id())),
+                    "no push of the subscription fell to onEvent: " + orphans);
+        }
+    }
+
+    @Test
+    void idsAndSessionsAtTheProtocolsBoundsAndBeyond() throws InterruptedException {
+        // At the bound, 128 bytes of UTF-8 whatever the characters' widths: the daemon takes them.
+        String id = "é".repeat(64);
+        String session = "s-" + "😀".repeat(31) + "xx";
+        Turn t = client.turn(TurnRequest.text("chat", "Say hi.").id(id).session(session).temperature(0).maxTokens(2));
+        List<Event> events = collect(t);
+        assertTurnShape(id, events);
+        assertTrue(events.get(events.size() - 1) instanceof Event.Done, events.toString());
+        // One byte more, or a control character: refused here, since the daemon refuses them
+        // with a bad_request that carries no id (it is the problem), which no turn would hear of.
+        assertThrows(IllegalArgumentException.class, () -> TurnRequest.text("chat", "hi").id(id + "x"));
+        assertThrows(IllegalArgumentException.class, () -> TurnRequest.text("chat", "hi").session("a\tb"));
+        assertThrows(IllegalArgumentException.class, () -> client.cancel("a\nb"));
+        client.send(Frames.json(Map.of("type", "turn", "id", id + "x", "pipeline", "chat", "text", "hi")));
+        client.send(Frames.json(Map.of("type", "turn", "id", "jvm-raw-1", "pipeline", "chat", "text", "hi", "session", "a\tb")));
+        eventually("the id's refusal, without id", () -> orphans.stream().anyMatch(o -> o instanceof Event.Error && o.id() == null
+                && ((Event.Error) o).code().equals(ErrorCode.BAD_REQUEST) && ((Event.Error) o).message().contains("`id` must be at most 128 bytes")));
+        eventually("the session's refusal, without id", () -> orphans.stream().anyMatch(o -> o instanceof Event.Error && o.id() == null
+                && ((Event.Error) o).code().equals(ErrorCode.BAD_REQUEST)
+                && ((Event.Error) o).message().contains("`session` must not contain control characters")));
+        assertTrue(orphans.stream().noneMatch(o -> "jvm-raw-1".equals(o.id())), "the daemon never names the id: " + orphans);
+    }
+
+    @Test
+    void reasoningOptionsAreTheDaemonsOwn() {
+        // The daemon refuses unknown option fields (bad_request): these names are its own.
+        // SmolLM2's template has no think block, and a budget never turns reasoning on: no
+        // thinking event and no reasoning metric, on either path.
+        for (String pipeline : List.of("chat", "guarded-chat")) {
+            Turn t = client.turn(TurnRequest.text(pipeline, "What is the capital of France?").temperature(0).maxTokens(8)
+                    .thinkingBudget(32).showThinking(true));
+            List<Event> events = collect(t);
+            assertTurnShape(t.id(), events);
+            TurnResult r = new TurnResult(t.id(), events);
+            assertTrue(events.get(events.size() - 1) instanceof Event.Done, events.toString());
+            assertEquals("", r.thinking(), events.toString());
+            assertTrue(r.verdicts().stream().noneMatch(v -> v.stage().equals("thinking")), events.toString());
+            assertNull(r.done().metrics().thinkingTokens());
+            assertNull(r.done().metrics().thinkingMs());
+            assertNull(r.done().metrics().ttfaMs());
+        }
+        TurnResult none = client.turn(TurnRequest.text("chat", "Hi.").temperature(0).maxTokens(2).thinkingBudget(0)).await();
+        assertEquals("", none.thinking());
+    }
+
+    @Test
+    void statusRowsCarryTheModelsFigures() {
+        client.load("thinker");
+        client.load("guard");
+        StatusReport s = client.status();
+        StatusReport.Model thinker = s.model("thinker");
+        StatusReport.Model guard = s.model("guard");
+        for (StatusReport.Model m : List.of(thinker, guard)) {
+            assertEquals("loaded", m.state(), m.toString());
+            assertEquals("llama", m.architecture(), "SmolLM2's GGUF: " + m);
+            assertNotNull(m.fileBytes(), m.toString());
+            assertTrue(m.fileBytes() > 1_000_000, m.toString());
+            assertNotNull(m.reservedBytes(), "a loaded role holds bytes against the budget: " + m);
+        }
+        assertEquals(thinker.fileBytes(), guard.fileBytes(), "one file");
+        assertTrue(thinker.sharesModelWith().contains("guard") || guard.sharesModelWith().contains("thinker"),
+                "models.toml gives both roles one file: " + thinker.sharesModelWith() + " / " + guard.sharesModelWith());
+        assertTrue(s.reservedBytes() > 0 && s.reservedBytes() <= s.budgetBytes(), s.toString());
+    }
+
+    @Test
     void transcribeHearsWhatWasSaid() throws Exception {
         String said = "Please open the window in the kitchen.";
         TurnResult r = transcribe(say(said));
@@ -261,6 +355,14 @@ class DaemonTest {
         assertEquals("en", heard.language());
         double wer = Wer.wer(said, heard.text());
         assertTrue(wer <= 0.35, "WER " + wer + ": heard \"" + heard.text() + "\"");
+        // An audio turn's metrics (PROTOCOL.md §5): how the turn ended and the transcription.
+        Metrics m = r.done().metrics();
+        assertNotNull(m.endOfTurnMs(), m.toString());
+        assertTrue(m.endOfTurnMs() >= 0, m.toString());
+        assertNotNull(m.turnChecks(), m.toString());
+        assertNotNull(m.sttMs(), m.toString());
+        assertTrue(m.turnChecks() > 0 || m.turnCheckMs() == null, "turn_check_ms only with verdicts asked: " + m);
+        assertNull(m.ttsFirstMs(), "nothing spoken");
     }
 
     @Test
@@ -288,6 +390,10 @@ class DaemonTest {
         int rate = frames.get(0).sampleRate();
         assertTrue(rate >= 8000 && rate <= 48000, "plausible rate " + rate);
         assertEquals("eos", ((Event.Done) events.get(events.size() - 1)).stop());
+        Metrics m = ((Event.Done) events.get(events.size() - 1)).metrics();
+        assertNotNull(m.ttsFirstMs(), "a spoken reply's first synthesis: " + m);
+        assertTrue(m.ttsFirstMs() > 0, m.toString());
+        assertNull(m.endOfTurnMs(), "speak listens to nothing: " + m);
         Pcm reply = new TurnResult(t.id(), events).audio();
         assertEquals(1, reply.channels());
         assertTrue(reply.seconds() > 1.0, "speech of a few words: " + reply.seconds() + " s");

@@ -140,6 +140,76 @@ class FramesTest {
     }
 
     @Test
+    @SuppressWarnings("unchecked")
+    void reasoningAndEveryMetricDecode() {
+        assertEquals(new Event.Thinking("t", "The user asks"), Events.decode(Map.of("type", "thinking", "id", "t", "text", "The user asks")));
+        assertEquals(new Event.Verdict("t", "thinking", "Safe", List.of(), 4.0), Events.decode(Map.of("type", "verdict", "id", "t",
+                "stage", "thinking", "label", "Safe", "categories", List.of(), "ms", 4)));
+        // Every field of PROTOCOL.md §5's metrics paragraph, each with its own value.
+        Metrics m = ((Event.Done) Events.decode((Map<String, Object>) Json.parse("{\"type\":\"done\",\"id\":\"v\",\"stop\":\"eos\","
+                + "\"metrics\":{\"prompt_tokens\":1,\"generated_tokens\":2,\"ttft_ms\":3.5,\"prefill_tok_s\":4.5,\"decode_tok_s\":5.5,"
+                + "\"cached_tokens\":6,\"guard_in_ms\":7.5,\"ttfs_ms\":8.5,\"guard_out_ms\":9.5,\"tokens_held\":10,"
+                + "\"thinking_tokens\":11,\"thinking_ms\":12.5,\"ttfa_ms\":13.5,\"end_of_turn_ms\":14.5,\"turn_checks\":15,"
+                + "\"turn_check_ms\":16.25,\"stt_ms\":17.5,\"tts_first_ms\":18.5,\"speech_end_to_audio_ms\":19.5,"
+                + "\"early_start_ms\":20.5}}"))).metrics();
+        assertEquals(List.of(1L, 2L, 3.5, 4.5, 5.5, 6L, 7.5, 8.5, 9.5, 10L, 11L, 12.5, 13.5, 14.5, 15L, 16.25, 17.5, 18.5, 19.5, 20.5),
+                List.of(m.promptTokens(), m.generatedTokens(), m.ttftMs(), m.prefillTokS(), m.decodeTokS(), m.cachedTokens(),
+                        m.guardInMs(), m.ttfsMs(), m.guardOutMs(), m.tokensHeld(), m.thinkingTokens(), m.thinkingMs(), m.ttfaMs(),
+                        m.endOfTurnMs(), m.turnChecks(), m.turnCheckMs(), m.sttMs(), m.ttsFirstMs(), m.speechEndToAudioMs(),
+                        m.earlyStartMs()));
+        // A plain text turn has none of the optional ones.
+        Metrics plain = Metrics.from(Map.of("prompt_tokens", 22L, "generated_tokens", 7L, "ttft_ms", 118.6));
+        for (Object o : java.util.Arrays.asList(plain.guardInMs(), plain.ttfsMs(), plain.guardOutMs(), plain.tokensHeld(),
+                plain.thinkingTokens(), plain.thinkingMs(), plain.ttfaMs(), plain.endOfTurnMs(), plain.turnChecks(),
+                plain.turnCheckMs(), plain.sttMs(), plain.ttsFirstMs(), plain.speechEndToAudioMs(), plain.earlyStartMs())) {
+            assertNull(o, plain.toString());
+        }
+        TurnResult r = new TurnResult("t", List.of(new Event.Accepted("t", "chat"), new Event.Thinking("t", "Paris is "),
+                new Event.Thinking("t", "the capital."), new Event.Token("t", "Paris."), new Event.Done("t", "eos", plain)));
+        assertEquals("Paris is the capital.", r.thinking());
+        assertEquals("Paris.", r.text(), "the reasoning is never part of the reply");
+    }
+
+    @Test
+    @SuppressWarnings("unchecked")
+    void welcomeAndStatusKeepEveryDocumentedField() {
+        // PROTOCOL.md §3's welcome and §5's status, as written there.
+        Welcome w = Welcome.from((Map<String, Object>) Json.parse("{\"type\":\"welcome\",\"protocol\":1,\"server\":\"kazeia 0.1.0\","
+                + "\"capabilities\":[\"text\",\"audio\",\"cancel\",\"status\",\"load\",\"subscribe\"],"
+                + "\"limits\":{\"max_frame\":1048576,\"queue_per_model\":8,\"connection_buffer\":1024,"
+                + "\"max_connections_per_uid\":64,\"max_turns_per_uid\":32}}"));
+        assertEquals(new Welcome.Limits(1048576, 8, 1024, 64, 32), w.limits());
+        assertEquals(new Welcome.Limits(1 << 20, 0, 0, 0, 0), Welcome.from(Map.of("type", "welcome", "protocol", 1L)).limits(),
+                "an older daemon's welcome: max_frame's default, 0 for the rest");
+
+        StatusReport s = StatusReport.from((Map<String, Object>) Json.parse("{\"server\":\"kazeia 0.1.0\",\"protocol\":1,\"pid\":4242,"
+                + "\"uptime_s\":12.5,\"connections\":2,\"turns_running\":1,\"pipelines\":[\"chat\"],\"budget_bytes\":11811160064,"
+                + "\"reserved_bytes\":363963648,\"pressure\":\"normal\",\"models\":[{\"role\":\"thinker\",\"state\":\"loaded\","
+                + "\"file\":\"/m/SmolLM2-135M-Instruct.Q4_1.gguf\",\"architecture\":\"llama\",\"file_bytes\":98362432,\"device\":\"cpu\","
+                + "\"placement\":\"cpu\",\"shares_model_with\":[\"guard\"],\"busy\":1,\"turns\":1,\"generated_tokens\":1873,"
+                + "\"reserved_bytes\":291611904,\"measured_bytes\":-4096,\"prefix_file_bytes\":524288},"
+                + "{\"role\":\"stt\",\"state\":\"loading\",\"file\":\"/m/whisper\",\"progress\":0.5}]}"));
+        assertEquals(11811160064L, s.budgetBytes());
+        assertEquals(363963648L, s.reservedBytes());
+        StatusReport.Model t = s.model("thinker");
+        assertEquals("llama", t.architecture());
+        assertEquals(98362432L, t.fileBytes());
+        assertEquals(List.of("guard"), t.sharesModelWith());
+        assertEquals(291611904L, t.reservedBytes());
+        assertEquals(-4096L, t.measuredBytes(), "an RSS growth may be negative");
+        assertEquals(524288L, t.prefixFileBytes());
+        assertEquals(1873L, t.generatedTokens());
+        StatusReport.Model stt = s.model("stt");
+        assertEquals(0.5, stt.progress());
+        assertNull(stt.architecture());
+        assertNull(stt.fileBytes());
+        assertEquals(List.of(), stt.sharesModelWith(), "none shared: empty, never null");
+        assertNull(stt.reservedBytes());
+        assertNull(stt.measuredBytes());
+        assertNull(stt.prefixFileBytes());
+    }
+
+    @Test
     void unknownTypesAndCodesAreKeptNotFatal() {
         Event u = Events.decode(Map.of("type", "thought", "id", "t", "text", "hm"));
         assertTrue(u instanceof Event.Unknown);
