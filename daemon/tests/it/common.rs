@@ -147,18 +147,37 @@ impl Daemon {
     }
 }
 
-/// The cache directory of the test daemons, emptied once per run of this binary: their prefix
-/// files (`[daemon] prefix_cache`) stay out of the user's, whose default configuration's file
-/// they would otherwise push out (a role keeps 4), and no test starts from a file an earlier
-/// run left. The models stay where they are (`KAZEIA_MODELS`).
+/// A directory of this run of the test binary under the build's temporary directory,
+/// `{name}-{pid}`, emptied; those of runs that have ended are removed. One per process: the
+/// build directory is shared by every checkout (`CARGO_TARGET_DIR`), and a suite started in
+/// another one while this one ran emptied a shared directory under its daemons.
+pub fn run_dir(name: &str) -> PathBuf {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("{name}-");
+    for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let ended = match file.strip_prefix(&prefix).map(str::parse::<u32>) {
+            Some(Ok(pid)) => !Path::new(&format!("/proc/{pid}")).exists(),
+            // The single directory of earlier versions.
+            _ => file == name,
+        };
+        if ended {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let dir = base.join(format!("{prefix}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The cache directory of the test daemons, new for each run of this binary ([`run_dir`]):
+/// their prefix files (`[daemon] prefix_cache`) stay out of the user's, whose default
+/// configuration's file they would otherwise push out (a role keeps 4), and no test starts from
+/// a file an earlier run left. The models stay where they are (`KAZEIA_MODELS`).
 fn daemon_cache() -> &'static Path {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("daemon-cache");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    })
+    DIR.get_or_init(|| run_dir("daemon-cache"))
 }
 
 pub fn spawn(cfg: &Path, socket: &Path) -> (Child, Arc<Mutex<String>>) {

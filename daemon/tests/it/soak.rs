@@ -20,10 +20,8 @@ fn short_soak_passes_and_writes_its_plot() {
         f = m.display()
     );
     let d = Daemon::start(&text);
-    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("soak");
-    std::fs::create_dir_all(&out).unwrap();
+    let out = common::run_dir("soak");
     let (png, csv) = (out.join("ci-memory.png"), out.join("ci-memory.csv"));
-    let _ = std::fs::remove_file(&png);
     let run = Command::new(env!("CARGO_BIN_EXE_kazeia"))
         .args([
             "soak",
