@@ -266,7 +266,9 @@ pub enum Event {
         message: String,
         /// `false` when the request `id` names (if one runs) goes on: the error is about one
         /// frame or a second request under a running id (`duplicate_id`, `bad_frame`,
-        /// `no_audio_request`, an audio overrun's `busy`). Every other error ends its request.
+        /// `no_audio_request`, an audio overrun's `busy`, and `bad_request` or `unknown_type`
+        /// for a request under a running id that cannot be read). Every other error ends its
+        /// request.
         #[serde(rename = "final", default = "absent_final")]
         is_final: bool,
     },

@@ -28,51 +28,52 @@ fn first_column(section: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every code, in one exhaustive match (each names the next): a new variant does not compile
-/// until it is listed here, and then this test asks for its row.
-fn all_codes() -> Vec<ErrorCode> {
-    use ErrorCode::*;
-    let next = |c: Option<ErrorCode>| match c {
-        None => Some(BadConfig),
-        Some(BadConfig) => Some(ModelFile),
-        Some(ModelFile) => Some(LoadFailed),
-        Some(LoadFailed) => Some(NoModel),
-        Some(NoModel) => Some(ContextOverflow),
-        Some(ContextOverflow) => Some(Engine),
-        Some(Engine) => Some(Pipeline),
-        Some(Pipeline) => Some(BadRequest),
-        Some(BadRequest) => Some(Busy),
-        Some(Busy) => Some(BadJson),
-        Some(BadJson) => Some(UnknownType),
-        Some(UnknownType) => Some(FrameTooLarge),
-        Some(FrameTooLarge) => Some(BadFrame),
-        Some(BadFrame) => Some(ProtocolVersion),
-        Some(ProtocolVersion) => Some(HandshakeRequired),
-        Some(HandshakeRequired) => Some(NoAudioRequest),
-        Some(NoAudioRequest) => Some(UnknownRequest),
-        Some(UnknownRequest) => Some(DuplicateId),
-        Some(DuplicateId) => Some(PermissionDenied),
-        Some(PermissionDenied) => Some(ShuttingDown),
-        Some(ShuttingDown) => Some(Cancelled),
-        Some(Cancelled) => Some(OverBudget),
-        Some(OverBudget) => Some(MemoryPressure),
-        Some(MemoryPressure) => Some(TooManyConnections),
-        Some(TooManyConnections) => Some(TooManyTurns),
-        Some(TooManyTurns) => Some(NoSpeech),
-        Some(NoSpeech) => None,
-    };
-    std::iter::successors(next(None), |&c| next(Some(c))).collect()
+/// The variants of `pub enum {name}` in `src/{file}`, as the wire writes them (snake_case),
+/// read from the source itself: a variant added there is in this list without anyone
+/// remembering to add it (a list kept by hand next to the test could forget it).
+fn variants(file: &str, name: &str) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(file);
+    let src = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let head = format!("pub enum {name} {{\n");
+    let body = &src[src.find(&head).unwrap_or_else(|| panic!("no `{head}` in {file}")) + head.len()..];
+    let body = &body[..body.find("\n}").expect("the enum's end")];
+    // A variant starts a line at the enum's indentation (4 spaces) with a capital letter.
+    let found: Vec<String> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map(|l| l.split(|c: char| !c.is_ascii_alphanumeric()).next().unwrap())
+        .map(|v| {
+            let mut snake = String::new();
+            for (k, c) in v.chars().enumerate() {
+                if c.is_ascii_uppercase() && k > 0 {
+                    snake.push('_');
+                }
+                snake.push(c.to_ascii_lowercase());
+            }
+            snake
+        })
+        .collect();
+    assert!(found.len() >= 5, "{name}: only {found:?} read from {file}");
+    found
 }
 
-fn wire(code: ErrorCode) -> String {
-    serde_json::to_value(code).unwrap().as_str().unwrap().to_string()
+/// Every error code, read from its enum; each checked to be the wire's own spelling.
+fn all_codes() -> Vec<String> {
+    let codes = variants("event.rs", "ErrorCode");
+    for c in &codes {
+        let parsed: ErrorCode = serde_json::from_value(serde_json::Value::String(c.clone()))
+            .unwrap_or_else(|e| panic!("`{c}` read from ErrorCode is not its wire name: {e}"));
+        assert_eq!(serde_json::to_value(parsed).unwrap(), c.as_str());
+    }
+    codes
 }
 
 #[test]
 fn the_error_code_table_names_every_code_and_no_other() {
     let doc = doc();
     let rows = first_column(section(&doc, 6));
-    let codes: Vec<String> = all_codes().into_iter().map(wire).collect();
+    let codes = all_codes();
     for c in &codes {
         assert_eq!(rows.iter().filter(|r| *r == c).count(), 1, "`{c}`: not one row in PROTOCOL.md §6");
     }
@@ -84,12 +85,15 @@ fn the_error_code_table_names_every_code_and_no_other() {
 #[test]
 fn the_request_table_names_every_request_type_and_no_other() {
     let doc = doc();
-    let rows = first_column(section(&doc, 4));
-    let mut known: Vec<String> = REQUEST_TYPES.iter().map(|t| t.to_string()).collect();
-    known.sort();
-    let mut rows = rows;
+    let mut rows = first_column(section(&doc, 4));
     rows.sort();
-    assert_eq!(rows, known, "PROTOCOL.md §4's table against kazeia_ipc::REQUEST_TYPES");
+    // The parser's list of known types is the enum's.
+    let mut known = variants("request.rs", "Request");
+    known.sort();
+    let mut listed: Vec<String> = REQUEST_TYPES.iter().map(|t| t.to_string()).collect();
+    listed.sort();
+    assert_eq!(listed, known, "kazeia_ipc::REQUEST_TYPES against the Request enum");
+    assert_eq!(rows, known, "PROTOCOL.md §4's table against the Request enum");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! One turn from admission to its final event. Admission is decided here and only here
-//! (shutting down, memory pressure, the pipeline and its input, each role's capacity, the id);
+//! (a duplicate id first, then shutting down, memory pressure, the pipeline and its input,
+//! the options, each role's capacity, the uid's running turns);
 //! an admitted [`Turn`] is registered for `cancel` by id and leases its roles for its whole
 //! life. Dropping it — whichever way the turn ends — deregisters it and releases its leases:
 //! there are no add/remove pairs to keep in step.

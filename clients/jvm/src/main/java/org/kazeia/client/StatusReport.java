@@ -34,7 +34,7 @@ public record StatusReport(
      * estimate; a shared file counts once); {@code measuredBytes}: the RSS growth measured when it
      * loaded (may be negative). {@code prefixFileBytes}: loaded roles, once written: the size of
      * the file keeping the role's fixed prefix across loads and restarts. Each is null when the
-     * daemon does not give it.
+     * daemon does not give it, except {@code sharesModelWith}: an empty list then.
      */
     public record Model(String role, String state, String file, String device, String placement, long busy,
             long turns, long generatedTokens, Double progress, String error, String architecture, Long fileBytes,
