@@ -148,18 +148,21 @@ impl Daemon {
 }
 
 /// A directory of this run of the test binary under the build's temporary directory,
-/// `{name}-{pid}`, emptied; those of runs that have ended are removed. One per process: the
-/// build directory is shared by every checkout (`CARGO_TARGET_DIR`), and a suite started in
-/// another one while this one ran emptied a shared directory under its daemons.
+/// `{name}-{pid}`, emptied; those of runs that have ended are removed (a run is known by its
+/// pid in this PID namespace: a suite in another container sharing the build directory would
+/// look ended). One per process: the build directory is shared by every checkout
+/// (`CARGO_TARGET_DIR`), and a suite started in another one while this one ran emptied a shared
+/// directory under its daemons.
 pub fn run_dir(name: &str) -> PathBuf {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let prefix = format!("{name}-");
     for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
         let file = entry.file_name().to_string_lossy().into_owned();
+        // (The single `{name}` of earlier versions is left alone: a checkout of one may be
+        // running its suite now.)
         let ended = match file.strip_prefix(&prefix).map(str::parse::<u32>) {
             Some(Ok(pid)) => !Path::new(&format!("/proc/{pid}")).exists(),
-            // The single directory of earlier versions.
-            _ => file == name,
+            _ => false,
         };
         if ended {
             let _ = std::fs::remove_dir_all(entry.path());
