@@ -92,11 +92,12 @@ impl Supervisor {
         parent: &CancellationToken,
     ) -> Result<Turn, LlmError> {
         let refuse = |code, message: String| Err(LlmError::new(code, message));
+        let id = &request.id;
+        let duplicate = || refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
         // Before any other refusal: a final error under a running turn's id would tell its
         // client that turn had ended (it goes on; `duplicate_id` is not final).
-        if self.is_running(who.conn, &request.id) {
-            let id = &request.id;
-            return refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+        if self.is_running(who.conn, id) {
+            return duplicate();
         }
         if self.stopping.is_cancelled() {
             return refuse(ErrorCode::ShuttingDown, "the daemon is shutting down".into());
@@ -149,8 +150,7 @@ impl Supervisor {
             let key = (who.conn, request.id.clone());
             // (Checked again under the lock that inserts it.)
             if turns.contains_key(&key) {
-                let id = &request.id;
-                return refuse(ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+                return duplicate();
             }
             let max = self.config.daemon.max_turns_per_uid;
             if turns.values().filter(|t| t.uid == who.uid).count() >= max as usize {
