@@ -97,10 +97,7 @@ public final class TurnRequest {
 
     /** 0 .. 2^32-1. */
     public TurnRequest seed(long seed) {
-        if (seed < 0 || seed > 0xffffffffL) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "seed must be in 0..4294967295");
-        }
-        this.seed = seed;
+        this.seed = u32("seed", seed, 0);
         return this;
     }
 
@@ -109,10 +106,7 @@ public final class TurnRequest {
      * block closed; see {@link #thinkingBudget(long)}).
      */
     public TurnRequest maxTokens(long n) {
-        if (n < 1 || n > 0xffffffffL) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "max_tokens must be in 1..4294967295");
-        }
-        this.maxTokens = n;
+        this.maxTokens = u32("max_tokens", n, 1);
         return this;
     }
 
@@ -124,11 +118,16 @@ public final class TurnRequest {
      * max_tokens.
      */
     public TurnRequest thinkingBudget(long n) {
-        if (n < 0 || n > 0xffffffffL) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "thinking_budget must be in 0..4294967295");
-        }
-        this.thinkingBudget = n;
+        this.thinkingBudget = u32("thinking_budget", n, 0);
         return this;
+    }
+
+    /** An option the daemon reads as a u32: {@code min} .. 2^32-1, else bad_request naming it. */
+    private static long u32(String field, long n, long min) {
+        if (n < min || n > 0xffffffffL) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, field + " must be in " + min + "..4294967295");
+        }
+        return n;
     }
 
     /**

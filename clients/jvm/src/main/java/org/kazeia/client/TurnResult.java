@@ -19,21 +19,20 @@ public record TurnResult(String id, List<Event> events) {
 
     /** The tokens, concatenated: the reply as released. */
     public String text() {
-        StringBuilder b = new StringBuilder();
-        for (Event e : events) {
-            if (e instanceof Event.Token) {
-                b.append(((Event.Token) e).text());
-            }
-        }
-        return b.toString();
+        return joined(Event.Token.class, Event.Token::text);
     }
 
     /** The reasoning shown ({@link TurnRequest#showThinking}), concatenated; empty when none was. */
     public String thinking() {
+        return joined(Event.Thinking.class, Event.Thinking::text);
+    }
+
+    /** The text of every event of one kind, in order, concatenated. */
+    private <T extends Event> String joined(Class<T> kind, java.util.function.Function<T, String> text) {
         StringBuilder b = new StringBuilder();
         for (Event e : events) {
-            if (e instanceof Event.Thinking) {
-                b.append(((Event.Thinking) e).text());
+            if (kind.isInstance(e)) {
+                b.append(text.apply(kind.cast(e)));
             }
         }
         return b.toString();
