@@ -321,7 +321,9 @@ class ClientTest {
             assertFalse(notice.isFinal());
             sendFinal.countDown();
             DaemonTest.eventually("the final error ends it", () -> !sub.isActive());
-            Thread.sleep(200);
+            // The daemon's status after the final error reaches onEvent: by then (frames arrive
+            // in order) anything the subscription would wrongly have taken has come.
+            DaemonTest.eventually("the status after the final error", () -> orphans.stream().anyMatch(e -> e instanceof Event.Status));
             assertEquals(2, pushes.size(), "nothing delivered after the final error");
             // The final error was the subscription's own, not onEvent's (a status after it has no
             // request left and goes there).
