@@ -285,6 +285,16 @@ pub struct SpeechConfig {
     /// Silence after which the turn ends whatever the model said (the user stopped mid-sentence).
     #[serde(deserialize_with = "de_duration")]
     pub turn_max_silence: Duration,
+    /// An audio turn that gets no frame for this long ends as if its `last` frame had come (a
+    /// client that stalled or lost its microphone): an idle turn otherwise held its roles'
+    /// leases for good, and a handful of them made every other client's turn `busy`.
+    #[serde(deserialize_with = "de_duration")]
+    pub audio_idle: Duration,
+    /// The longest utterance: speech with no pause this long ends the turn there, as a `last`
+    /// frame would (the utterance is kept whole in memory, and each partial transcript reads
+    /// all of it).
+    #[serde(deserialize_with = "de_duration")]
+    pub max_utterance: Duration,
     /// Silence after the audio in the Whisper window of a partial transcript (at most 30 s in
     /// all; a turn's transcript: `cut_languages`, `turn_margin`): the encoder's time follows the
     /// window (`kazeia_speech::whisper::PARTIAL_MARGIN` has the measures). `"30s"`: whole
@@ -365,6 +375,8 @@ impl Default for SpeechConfig {
             turn_threshold: 0.5,
             // Pipecat's fallback `stop_secs`.
             turn_max_silence: Duration::from_secs(3),
+            audio_idle: Duration::from_secs(30),
+            max_utterance: Duration::from_secs(60),
             // 2 s until the partials prefilled ahead: bench-voice, two runs each alternated,
             // input guard 124-128 / 136-137 ms, first unit 376-390 / 413-416 (1 s / 2 s).
             partial_every: Duration::from_secs(1),
@@ -385,6 +397,12 @@ impl Default for SpeechConfig {
             default_language: "fr".into(),
         }
     }
+}
+
+/// A Whisper language code's shape: `en`, `fr`, `haw` (which of them Whisper knows, its
+/// vocabulary says when it loads).
+pub fn is_language_code(l: &str) -> bool {
+    (2..=3).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_lowercase())
 }
 
 impl SpeechConfig {
@@ -614,10 +632,13 @@ impl Config {
                     format!("model {role:?}: key `n_ubatch` ({}) must be <= n_batch ({})", m.n_ubatch, m.n_batch),
                 ));
             }
-            if m.n_batch == 0 || m.n_ctx < 16 || m.threads == 0 {
+            // n_ubatch 0 made every prefill one token a call, and the plan count no compute buffer.
+            if m.n_batch == 0 || m.n_ubatch == 0 || m.n_ctx < 16 || m.threads == 0 {
                 return Err(invalid(
                     line,
-                    format!("model {role:?}: keys `n_ctx`, `n_batch`, `threads` must be positive (n_ctx >= 16)"),
+                    format!(
+                        "model {role:?}: keys `n_ctx`, `n_batch`, `n_ubatch`, `threads` must be positive (n_ctx >= 16)"
+                    ),
                 ));
             }
             if m.type_v != kazeia_memory_budget::KvType::F16 && m.flash_attn == FlashAttn::Off {
@@ -635,8 +656,23 @@ impl Config {
             models.push(m);
         }
         let daemon = raw.daemon;
+        let daemon_line = |key: &str| line_of(text, text.find(key).or_else(|| text.find("[daemon")).unwrap_or(0));
         if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
-            return Err(invalid(0, "[daemon]: max_frame must be >= 1024 and connection_buffer > 0".into()));
+            let key = if daemon.max_frame < 1024 { "max_frame" } else { "connection_buffer" };
+            return Err(invalid(
+                daemon_line(key),
+                "[daemon]: key `max_frame` must be >= 1024 and `connection_buffer` > 0".into(),
+            ));
+        }
+        // 0 refused every connection or every turn of every user, with a message that blamed them.
+        for (key, n) in [
+            ("max_connections_per_uid", u64::from(daemon.max_connections_per_uid)),
+            ("max_turns_per_uid", u64::from(daemon.max_turns_per_uid)),
+            ("queue_per_model", daemon.queue_per_model as u64),
+        ] {
+            if n == 0 {
+                return Err(invalid(daemon_line(key), format!("[daemon]: key `{key}` must be at least 1")));
+            }
         }
         let sp = &raw.speech;
         if !(sp.no_speech_threshold > 0.0 && sp.no_speech_threshold <= 1.0) {
@@ -657,7 +693,19 @@ impl Config {
         }
         // `cut_languages` as written is checked (the default drops the languages a config does
         // not speak): each a Whisper language code (`en`, `haw`), spoken by the config.
-        let code = |l: &String| (2..=3).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_lowercase());
+        let code = |l: &String| is_language_code(l);
+        // "english" failed every audio turn at run time, blamed on the client.
+        if let Some((key, l)) = std::iter::once(("language", &sp.language))
+            .filter(|(_, l)| l.as_str() != "auto")
+            .chain(sp.languages.iter().map(|l| ("languages", l)))
+            .find(|(_, l)| !code(l))
+        {
+            let at = text.find(key).or_else(|| text.find("[speech"));
+            return Err(invalid(
+                line_of(text, at.unwrap_or(0)),
+                format!("[speech]: key `{key}`: {l:?} is not a Whisper language code (`fr`, `en`, …; `language` may be \"auto\")"),
+            ));
+        }
         let written = sp.cut_languages.iter().flatten();
         if let Some(l) = written.into_iter().find(|l| !code(l) || !sp.speaks(l)) {
             let at = text.find("cut_languages").or_else(|| text.find("[speech"));
@@ -677,6 +725,15 @@ impl Config {
                 line_of(text, at.unwrap_or(0)),
                 "[speech]: key `turn_threshold` must be in (0, 1) and `turn_max_silence` >= `turn_pause`".into(),
             ));
+        }
+        for (key, value) in [("audio_idle", sp.audio_idle), ("max_utterance", sp.max_utterance)] {
+            if value < Duration::from_secs(1) {
+                let at = text.find(key).or_else(|| text.find("[speech"));
+                return Err(invalid(
+                    line_of(text, at.unwrap_or(0)),
+                    format!("[speech]: key `{key}` must be at least 1 s"),
+                ));
+            }
         }
         if sp.draft_ahead >= sp.pause() {
             let at = text.find("draft_ahead").or_else(|| text.find("[speech"));
@@ -806,6 +863,28 @@ mod tests {
         assert!(e.starts_with("models.toml:5:") && e.contains("partial_margin"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[speech]\nvad_quiet = 1.5\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:5:") && e.contains("vad_quiet"), "{e}");
+    }
+
+    /// Values that parsed and then misbehaved: each is refused at its line, naming its key.
+    #[test]
+    fn values_that_cannot_work_are_refused() {
+        let model = "[[model]]\nrole = \"t\"\nfile = \"a\"\n";
+        for (extra, line, key) in [
+            ("n_ubatch = 0\n", 1, "n_ubatch"),
+            ("[daemon]\nmax_turns_per_uid = 0\n", 5, "max_turns_per_uid"),
+            ("[daemon]\nmax_connections_per_uid = 0\n", 5, "max_connections_per_uid"),
+            ("[daemon]\nqueue_per_model = 0\n", 5, "queue_per_model"),
+            ("[daemon]\nconnection_buffer = 8\nmax_frame = 100\n", 6, "max_frame"),
+            ("[speech]\nlanguage = \"english\"\n", 5, "language"),
+            ("[speech]\nlanguages = [\"fr\", \"French\"]\n", 5, "languages"),
+            ("[speech]\naudio_idle = \"0s\"\n", 5, "audio_idle"),
+            ("[speech]\nmax_utterance = \"500ms\"\n", 5, "max_utterance"),
+        ] {
+            let e = parse(&format!("{model}{extra}")).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("models.toml:{line}:")) && e.contains(key), "{extra:?}: {e}");
+        }
+        let c = parse(&format!("{model}[speech]\nlanguage = \"auto\"\naudio_idle = \"1s\"\n")).unwrap();
+        assert_eq!(c.speech.audio_idle, Duration::from_secs(1));
     }
 
     #[test]

@@ -340,7 +340,27 @@ pub enum ErrorCode {
     NoSpeech,
 }
 
+/// The longest `message` an error carries, in bytes. Messages quote what the client sent (an
+/// unknown type, a pipeline name, serde's account of a bad field): a quote of a 600 KB string,
+/// escaped twice (Rust's `{:?}`, then JSON), made a 1.2 MB error over the frame limit, which the
+/// daemon could not send at all.
+pub const MAX_MESSAGE: usize = 1024;
+
 impl Event {
+    /// An error event, its message cut to [`MAX_MESSAGE`] bytes (ending with `…`).
+    pub fn error(id: Option<String>, code: ErrorCode, message: impl Into<String>, is_final: bool) -> Event {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE - '…'.len_utf8();
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
+        Event::Error { id, code, message, is_final }
+    }
+
     /// The request id this event answers, if any.
     pub fn id(&self) -> Option<&str> {
         match self {
@@ -424,6 +444,35 @@ mod tests {
             ErrorCode::NoAudioRequest,
         ] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+    }
+
+    #[test]
+    fn error_messages_are_cut_at_a_char_boundary() {
+        let short = Event::error(Some("r".into()), ErrorCode::BadRequest, "short", false);
+        assert_eq!(
+            short,
+            Event::Error {
+                id: Some("r".into()),
+                code: ErrorCode::BadRequest,
+                message: "short".into(),
+                is_final: false
+            }
+        );
+        for n in [MAX_MESSAGE - 1, MAX_MESSAGE, MAX_MESSAGE + 1, 10 * MAX_MESSAGE] {
+            for fill in ["a", "é", "日", "\\\"", "🦀"] {
+                let text = fill.repeat(n);
+                let Event::Error { message, .. } = Event::error(None, ErrorCode::UnknownType, text.clone(), true)
+                else {
+                    unreachable!()
+                };
+                assert!(message.len() <= MAX_MESSAGE, "{} bytes", message.len());
+                if text.len() <= MAX_MESSAGE {
+                    assert_eq!(message, text);
+                } else {
+                    assert!(message.ends_with('…') && text.starts_with(message.trim_end_matches('…')));
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ pub mod frame;
 pub mod request;
 
 pub use client::{Client, ClientError, Incoming};
-pub use event::{ErrorCode, Event, Limits, Metrics, ModelState, ModelStatus, StatusReport, StopReason};
+pub use event::{ErrorCode, Event, Limits, Metrics, ModelState, ModelStatus, StatusReport, StopReason, MAX_MESSAGE};
 pub use frame::{AudioFrame, Frame, FrameCodec, FrameError, InvalidFrame, MAX_FRAME};
 pub use request::{
     parse_request, AudioSpec, ParseError, Request, TurnOptions, DEFAULT_PIPELINE, MAX_ID_BYTES, PROTOCOL_VERSION,

@@ -159,7 +159,7 @@ pub async fn run_turn(
         if cancel.is_cancelled() {
             emit(Event::Done { id: id.clone(), stop: StopReason::Cancelled, metrics: Metrics::default() });
         } else {
-            emit(Event::Error { id: id.clone(), code: e.code, message: e.message, is_final: true });
+            emit(Event::error(id.clone(), e.code, e.message, true));
         }
     };
     let plan = match pipeline.plan() {

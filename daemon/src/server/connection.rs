@@ -57,13 +57,13 @@ impl Outbox {
     }
 
     pub(super) fn error(&self, id: Option<String>, code: ErrorCode, message: impl Into<String>) {
-        self.send(&Event::Error { id, code, message: message.into(), is_final: true });
+        self.send(&Event::error(id, code, message, true));
     }
 
     /// An error that does not end the request `id` names (a bad frame of a running audio turn,
     /// a second request under a running id): `final: false`.
     pub(super) fn notice(&self, id: Option<String>, code: ErrorCode, message: impl Into<String>) {
-        self.send(&Event::Error { id, code, message: message.into(), is_final: false });
+        self.send(&Event::error(id, code, message, false));
     }
 }
 
@@ -94,7 +94,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     }
     let mut framed = Framed::new(stream, FrameCodec::new(max_frame));
     // The refusals before and at the handshake: one error frame without an id, then close.
-    let refuse = |code, message: String| Frame::event(&Event::Error { id: None, code, message, is_final: true });
+    let refuse = |code, message: String| Frame::event(&Event::error(None, code, message, true));
     if !allowed {
         tracing::warn!(conn, uid, "refused a peer whose uid is not allowed");
         let _ = framed.send(refuse(ErrorCode::PermissionDenied, format!("uid {uid} may not use this daemon"))).await;
@@ -177,10 +177,22 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     let (mut sink, mut stream) = framed.split();
     let (tx, mut rx) = mpsc::channel::<Frame>(sup.config.daemon.connection_buffer);
     let out = Outbox { tx, overflow: CancellationToken::new(), conn };
-    let writer = tokio::spawn(async move {
+    // The writer ends when the client stops taking frames (or a frame cannot be sent): the
+    // connection then ends too, its turns cancelled, instead of running on with no one to hear.
+    let writer_gone = CancellationToken::new();
+    let gone = writer_gone.clone();
+    let mut writer = tokio::spawn(async move {
+        let _gone = gone.drop_guard();
         while let Some(f) = rx.recv().await {
-            if sink.send(f).await.is_err() {
-                break;
+            match sink.send(f).await {
+                Ok(()) => {}
+                Err(FrameError::Io(_)) => return,
+                // Only a frame over the limit: every error message is cut (`Event::error`), so
+                // this is a defect, said once, not a connection left half open in silence.
+                Err(e) => {
+                    tracing::error!(conn, "an outgoing frame could not be sent ({e}); closing the connection");
+                    return;
+                }
             }
         }
         let _ = sink.close().await;
@@ -191,6 +203,7 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     loop {
         tokio::select! {
             _ = out.overflow.cancelled() => break,
+            _ = writer_gone.cancelled() => break,
             _ = closing.cancelled() => break,
             frame = stream.next() => match frame {
                 None => break,
@@ -210,7 +223,11 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     // Turns stop within one token or prefill chunk; wait for them so their resources are freed.
     c.close().await;
     drop(out);
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    // The frames left go out unless the client does not read them: a writer blocked on a full
+    // socket would hold it open for good (the peer's uid no longer counting it), so it stops.
+    if tokio::time::timeout(Duration::from_secs(2), &mut writer).await.is_err() {
+        writer.abort();
+    }
     tracing::debug!(conn, "connection closed");
 }
 

@@ -125,7 +125,19 @@ impl AudioInput {
     pub fn matches(&self, a: &AudioFrame) -> bool {
         a.sample_rate == self.rate && u16::from(a.channels) == self.channels
     }
+
+    /// What tells this input from another registered later under the same request id.
+    pub fn mark(&self) -> InputMark {
+        InputMark(self.ended.clone())
+    }
+
+    pub fn is(&self, mark: &InputMark) -> bool {
+        Arc::ptr_eq(&self.ended, &mark.0)
+    }
 }
+
+/// One [`AudioInput`]'s identity.
+pub struct InputMark(Arc<AtomicBool>);
 
 /// The running speech task of a turn.
 pub struct Task {
@@ -303,6 +315,9 @@ fn listen(
         }
     };
     let ended = |r: &Ring| r.ended.load(Ordering::Acquire);
+    // No frame for `audio_idle`: the client stalled (see `SpeechConfig::audio_idle`).
+    let stalled = |r: &Ring| r.arrived.lock().unwrap_or_else(|p| p.into_inner()).at.elapsed() >= s.audio_idle;
+    let most = vad::samples(s.max_utterance);
     let mut utterance: Vec<f32> = Vec::new();
     let mut chunk = vec![0f32; vad::CHUNK];
     // Speech has begun: `utterance` grows; before it, `recent` keeps the last chunk + pad.
@@ -420,6 +435,13 @@ fn listen(
             pos += vad::CHUNK;
             if speaking {
                 utterance.extend_from_slice(&chunk);
+                if utterance.len() >= most {
+                    tracing::info!(
+                        seconds = s.max_utterance.as_secs_f64(),
+                        "the utterance is at `max_utterance`: the turn ends"
+                    );
+                    break None;
+                }
             } else {
                 recent.extend_from_slice(&chunk);
                 let keep = recent.len().saturating_sub(pad + vad::CHUNK);
@@ -516,8 +538,12 @@ fn listen(
                     return;
                 }
             }
-        } else if ended(&ring) {
-            // The client said `last`: what is left is the utterance.
+        } else if ended(&ring) || stalled(&ring) {
+            // The client said `last`, or sent nothing for `audio_idle`: what is left is the
+            // utterance (a stall before any speech: `no_speech`).
+            if !ended(&ring) {
+                tracing::info!(seconds = s.audio_idle.as_secs_f64(), "no audio frame for `audio_idle`: the turn ends");
+            }
             let mut rest = vec![0f32; ring.consumer.occupied_len()];
             ring.consumer.pop_slice(&mut rest);
             pos += rest.len();

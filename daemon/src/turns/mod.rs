@@ -60,7 +60,7 @@ pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, o
 async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, out: &Output) -> Event {
     let id = Some(turn.id.clone());
     let ev = |e: Event| out(Frame::event(&e));
-    let error = |code, message: String| Event::Error { id: id.clone(), code, message, is_final: true };
+    let error = |code, message: String| Event::error(id.clone(), code, message, true);
     let done = |stop, metrics| Event::Done { id: id.clone(), stop, metrics };
 
     // 1. The roles, loaded under the budget (the lease already keeps them once loaded).

@@ -225,6 +225,13 @@ fn bad_input_gets_error_codes_and_others_are_unaffected() {
     assert_eq!(read_json(&mut s)["code"], "bad_request");
     write_frame(&mut s, 1, br#"{"type":"turn","id":"t2","pipeline":"nope","text":"hi"}"#);
     assert_eq!(read_json(&mut s)["code"], "pipeline");
+    // A rate no microphone has: every frame was 0 samples at 16 kHz, a turn that never heard.
+    for rate in [7_999u32, 384_001, u32::MAX] {
+        let turn = serde_json::json!({"type":"turn","id":"r1","pipeline":"transcribe","audio":{"sample_rate":rate,"channels":1}});
+        write_frame(&mut s, 1, turn.to_string().as_bytes());
+        let e = read_json(&mut s);
+        assert_eq!((e["code"].as_str(), e["final"].as_bool()), (Some("bad_request"), Some(true)), "{e}");
+    }
     write_frame(&mut s, 9, b"???");
     assert_eq!(read_json(&mut s)["code"], "bad_frame");
     // Audio for a request that does not exist: id "zz", 16 kHz mono, two samples.
@@ -247,6 +254,27 @@ fn bad_input_gets_error_codes_and_others_are_unaffected() {
     assert_eq!(read_json(&mut s)["code"], "bad_request");
     write_frame(&mut s, 1, br#"{"type":"status","id":"s2"}"#);
     assert_eq!(read_json(&mut s)["type"], "status");
+    // Errors that quote what was sent (a type, a pipeline, a field's value): 1500 backslashes,
+    // quoted with `{:?}` and escaped again by JSON, made a 6 KB error over the 4 KB limit, and
+    // the connection went deaf to the errors and the replies after it.
+    let slashes = "\\".repeat(1500);
+    for (body, code) in [
+        (serde_json::json!({"type": slashes, "id": "q1"}), "unknown_type"),
+        (serde_json::json!({"type": "turn", "id": "q2", "pipeline": slashes, "text": "hi"}), "pipeline"),
+        (
+            serde_json::json!({"type": "turn", "id": "q3", "text": "hi", "options": {"temperature": slashes}}),
+            "bad_request",
+        ),
+    ] {
+        let body = body.to_string();
+        assert!(body.len() < 4096, "{} bytes", body.len());
+        write_frame(&mut s, 1, body.as_bytes());
+        let e = read_json(&mut s);
+        assert_eq!(e["code"], code, "{e}");
+        assert!(e["message"].as_str().unwrap().len() <= kazeia_ipc::MAX_MESSAGE, "{e}");
+        write_frame(&mut s, 1, br#"{"type":"status","id":"s3"}"#);
+        assert_eq!(read_json(&mut s)["type"], "status");
+    }
 
     // A frame over the limit: an error, then the connection closes (the stream is out of step).
     s.write_all(&100_000u32.to_be_bytes()).unwrap();
@@ -323,6 +351,8 @@ async fn full_queue_answers_busy_at_once() {
 async fn slow_reader_is_disconnected_and_its_turn_cancelled() {
     let d = Daemon::start(&config("connection_buffer = 4\nsocket_send_buffer = 4096"));
     let mut s = raw(&d, true);
+    // A write the daemon never reads must fail this test, not hang it.
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     let turn = serde_json::json!({"type":"turn","id":"slow","pipeline":"chat","text":LONG,"options":{"max_tokens":400,"temperature":0.9,"seed":7}});
     write_frame(&mut s, 1, turn.to_string().as_bytes());
     // Never read. The daemon must drop us rather than stall, and stop our turn.
@@ -342,7 +372,23 @@ async fn slow_reader_is_disconnected_and_its_turn_cancelled() {
         .await
         .unwrap();
     assert!(finish(&mut rx).await.0.contains("Paris"));
-    drop(s);
+    // And the daemon let go of the socket: a writer blocked on it once held it open for good
+    // (uncounted: the uid could open as many again, up to the daemon's file descriptors). Once
+    // the daemon's end is closed, our writes fail; until then they land in its buffer.
+    let status = br#"{"type":"status","id":"late"}"#;
+    let t = Instant::now();
+    loop {
+        let mut f = ((status.len() + 1) as u32).to_be_bytes().to_vec();
+        f.push(1);
+        f.extend_from_slice(status);
+        match s.write_all(&f) {
+            Ok(()) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => break,
+            Err(e) => panic!("writing to the dropped connection: {e}"),
+        }
+        assert!(t.elapsed() < common::HANG, "the daemon still holds the slow reader's socket open\n{}", d.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[test]
@@ -539,6 +585,68 @@ async fn load_unload_and_subscribe() {
         }
     };
     assert!(saw_progress && matches!(done, Event::Done { .. }), "{done:?}");
+}
+
+/// A subscription ends when a `cancel` names it (a client's "close" once left it pushing for as
+/// long as the connection lived), its id is taken while it runs, and a connection holds at most
+/// 16 of them.
+#[test]
+fn subscriptions_end_on_cancel_and_are_bounded() {
+    let d = Daemon::start(&config(""));
+    let mut s = raw(&d, true);
+    let mut subscribed: Vec<String> = Vec::new();
+    // The next frame that is not a push of a running subscription.
+    let next = |s: &mut UnixStream, subscribed: &[String]| loop {
+        let e = read_json(s);
+        let push = e["type"] == "status" && subscribed.iter().any(|id| e["id"] == id.as_str());
+        if !push {
+            return e;
+        }
+    };
+    let send = |s: &mut UnixStream, v: serde_json::Value| write_frame(s, 1, v.to_string().as_bytes());
+    let subscribe = |s: &mut UnixStream, subscribed: &mut Vec<String>, id: &str| {
+        send(s, serde_json::json!({"type":"subscribe","id":id}));
+        let e = next(s, subscribed);
+        assert_eq!((e["type"].as_str(), e["id"].as_str()), (Some("status"), Some(id)), "{e}");
+        subscribed.push(id.to_string());
+    };
+    subscribe(&mut s, &mut subscribed, "s0");
+    // Its id is taken: a second subscribe, a turn, a status under it.
+    for v in [
+        serde_json::json!({"type":"subscribe","id":"s0"}),
+        serde_json::json!({"type":"turn","id":"s0","pipeline":"chat","text":"hi"}),
+        serde_json::json!({"type":"status","id":"s0"}),
+    ] {
+        send(&mut s, v.clone());
+        let e = next(&mut s, &subscribed);
+        assert_eq!((e["code"].as_str(), e["final"].as_bool()), (Some("duplicate_id"), Some(false)), "{v}: {e}");
+    }
+    // Cancelled: its last event, final; then nothing runs under its id.
+    send(&mut s, serde_json::json!({"type":"cancel","id":"s0"}));
+    subscribed.clear();
+    let e = next(&mut s, &subscribed);
+    assert_eq!(
+        (e["id"].as_str(), e["code"].as_str(), e["final"].as_bool()),
+        (Some("s0"), Some("cancelled"), Some(true)),
+        "{e}"
+    );
+    send(&mut s, serde_json::json!({"type":"cancel","id":"s0"}));
+    assert_eq!(next(&mut s, &subscribed)["code"], "unknown_request");
+    // The id is free again; sixteen at once, not seventeen, until one is cancelled.
+    for i in 0..16 {
+        subscribe(&mut s, &mut subscribed, &format!("s{i}"));
+    }
+    send(&mut s, serde_json::json!({"type":"subscribe","id":"s16"}));
+    let e = next(&mut s, &subscribed);
+    assert_eq!(
+        (e["id"].as_str(), e["code"].as_str(), e["final"].as_bool()),
+        (Some("s16"), Some("bad_request"), Some(true)),
+        "{e}"
+    );
+    send(&mut s, serde_json::json!({"type":"cancel","id":"s3"}));
+    subscribed.retain(|id| id != "s3");
+    assert_eq!(next(&mut s, &subscribed)["code"], "cancelled");
+    subscribe(&mut s, &mut subscribed, "s16");
 }
 
 #[tokio::test(flavor = "multi_thread")]

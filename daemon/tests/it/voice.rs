@@ -458,6 +458,62 @@ async fn silence_is_no_speech() {
     assert!(c.status().await.is_ok());
 }
 
+/// The turn's final transcript (lowercase), or its final error's code.
+async fn final_transcript(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>,
+) -> Result<String, kazeia_ipc::ErrorCode> {
+    loop {
+        match tokio::time::timeout(common::HANG, rx.recv()).await.expect("the turn to end").expect("open") {
+            Incoming::Event(Event::Transcript { text, is_final: true, .. }) => return Ok(text.to_lowercase()),
+            Incoming::Event(Event::Error { code, is_final: true, .. }) => return Err(code),
+            Incoming::Event(Event::Done { .. }) => panic!("done before a final transcript"),
+            _ => {}
+        }
+    }
+}
+
+/// Read a turn's events up to its final one.
+async fn to_the_end(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>) {
+    while let Some(item) = tokio::time::timeout(common::HANG, rx.recv()).await.expect("the turn's end") {
+        if matches!(item, Incoming::Event(Event::Done { .. } | Event::Error { is_final: true, .. })) {
+            break;
+        }
+    }
+}
+
+/// A stream that stops without a `last` frame ends after `audio_idle` (an idle turn held its
+/// roles' leases for good: nine of them made every other client's turn `busy`), and one
+/// utterance ends at `max_utterance`, each as a `last` frame would have ended it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
+    let d = Daemon::start(&format!("{}audio_idle = \"2s\"\nmax_utterance = \"1s\"\n", config_text()));
+    let c = d.client().await;
+    // No frame at all: as a `last` frame with less than 100 ms of audio, `bad_request`.
+    let (_, mut rx) = start(&c, "transcribe").await;
+    assert_eq!(final_transcript(&mut rx).await, Err(kazeia_ipc::ErrorCode::BadRequest));
+    // Silence, then nothing: no speech.
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &vec![0.0; 8_000], false).await;
+    assert_eq!(final_transcript(&mut rx).await, Err(kazeia_ipc::ErrorCode::NoSpeech));
+    // The start of the sentence, under `max_utterance`, then nothing: heard up to there.
+    let report = spoken(REPORT);
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &report[..12_800], false).await;
+    let text = final_transcript(&mut rx).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert!(text.contains("please"), "{text:?}");
+    to_the_end(&mut rx).await;
+    // The whole sentence with no pause and no `last`: cut at 1 s, far from "Friday".
+    let (id, mut rx) = start(&c, "transcribe").await;
+    send_audio(&c, &id, &report, false).await;
+    let text = final_transcript(&mut rx).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert!(!text.is_empty() && !text.contains("friday"), "{text:?}");
+    assert!(d.log().contains("max_utterance"), "{}", d.log());
+    to_the_end(&mut rx).await;
+    // Every turn has ended: none holds its roles.
+    let st = c.status().await.unwrap();
+    assert_eq!(st.turns_running, 0, "{st:?}");
+}
+
 /// A pause mid-sentence (a hesitation, 600 ms: three times the pause after which the
 /// end-of-turn model is asked) does not end the turn: the model says "not yet" at each check,
 /// the user goes on, and the turn ends with one transcript of the whole utterance (partial ones

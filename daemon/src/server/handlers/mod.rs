@@ -32,11 +32,27 @@ pub struct Conn {
     pub(super) cancel: CancellationToken,
     pub(super) tasks: JoinSet<()>,
     pub(super) audio: AudioTurns,
+    /// The connection's subscriptions, by id: cancelled by a `cancel` naming them (each task
+    /// cancels its own when it ends).
+    pub(super) subscriptions: HashMap<String, CancellationToken>,
 }
 
 impl Conn {
     pub fn new(sup: Arc<Supervisor>, out: Outbox, who: Who) -> Conn {
-        Conn { sup, out, who, cancel: CancellationToken::new(), tasks: JoinSet::new(), audio: AudioTurns::default() }
+        Conn {
+            sup,
+            out,
+            who,
+            cancel: CancellationToken::new(),
+            tasks: JoinSet::new(),
+            audio: AudioTurns::default(),
+            subscriptions: HashMap::new(),
+        }
+    }
+
+    /// Whether a turn or a subscription of this connection runs under `id`.
+    pub(super) fn running(&self, id: &str) -> bool {
+        self.sup.is_running(self.who.conn, id) || self.subscriptions.get(id).is_some_and(|s| !s.is_cancelled())
     }
 
     /// The client is gone (or the daemon stops): cancel its work and wait for it.
@@ -50,9 +66,7 @@ impl Conn {
 pub fn dispatch(c: &mut Conn, body: &[u8]) {
     let req = match kazeia_ipc::parse_request(body) {
         // A bad request under the id of a running turn ends only itself.
-        Err(e) if e.id.as_deref().is_some_and(|id| c.sup.is_running(c.who.conn, id)) => {
-            return c.out.notice(e.id, e.code, e.message)
-        }
+        Err(e) if e.id.as_deref().is_some_and(|id| c.running(id)) => return c.out.notice(e.id, e.code, e.message),
         Err(e) => return c.out.error(e.id, e.code, e.message),
         Ok(r) => r,
     };
@@ -61,7 +75,7 @@ pub fn dispatch(c: &mut Conn, body: &[u8]) {
     if let Request::Status { id } | Request::Load { id, .. } | Request::Unload { id, .. } | Request::Subscribe { id } =
         &req
     {
-        if c.sup.is_running(c.who.conn, id) {
+        if c.running(id) {
             let msg = format!("request {id:?} is already running");
             return c.out.notice(Some(id.clone()), ErrorCode::DuplicateId, msg);
         }

@@ -10,6 +10,11 @@ use crate::turns::{self, AudioSource};
 
 pub fn turn(c: &mut Conn, request: TurnRequest) {
     let id = request.id.clone();
+    // Under a subscription's id, a turn's events would be taken for its pushes (the supervisor
+    // checks the turns).
+    if c.subscriptions.get(&id).is_some_and(|s| !s.is_cancelled()) {
+        return c.out.notice(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
+    }
     let spec = request.audio.clone();
     let turn = match c.sup.begin_turn(c.who, request, &c.cancel) {
         Ok(t) => t,
@@ -18,17 +23,25 @@ pub fn turn(c: &mut Conn, request: TurnRequest) {
         Err(e) => return c.out.error(Some(id), e.code, e.message),
     };
     c.out.send(&Event::Accepted { id: id.clone(), pipeline: turn.pipeline.name.clone() });
-    let source = match (turn.plan.transcribe, spec) {
+    let (source, fed) = match (turn.plan.transcribe, spec) {
         (true, Some(spec)) => {
             let (input, ring) = turns::listen::ring(spec.sample_rate, u16::from(spec.channels));
+            let fed = input.mark();
             c.audio.lock().expect("audio turns").insert(id.clone(), input);
-            Some(AudioSource::Stream(ring))
+            (Some(AudioSource::Stream(ring)), Some(fed))
         }
-        _ => None,
+        _ => (None, None),
     };
     let (sup, output, audio) = (c.sup.clone(), c.out.output(), c.audio.clone());
     c.tasks.spawn(async move {
         turns::run(sup, turn, source, output).await;
-        audio.lock().expect("audio turns").remove(&id);
+        // This turn's input only: the id is free from the turn's end, before its final event
+        // leaves, and a new audio turn under it may have registered its own meanwhile.
+        if let Some(fed) = fed {
+            let mut inputs = audio.lock().expect("audio turns");
+            if inputs.get(&id).is_some_and(|i| i.is(&fed)) {
+                inputs.remove(&id);
+            }
+        }
     });
 }

@@ -1,5 +1,5 @@
 // Why: a subscribe request (PROTOCOL.md §4): status pushes for as long as the connection
-// lives; close() stops delivering them (the protocol has no unsubscribe).
+// lives; close() cancels it in the daemon (a connection holds at most 16 subscriptions).
 package org.kazeia.client;
 
 import java.time.Duration;
@@ -79,9 +79,23 @@ public final class Subscription implements Route, AutoCloseable {
         first.completeExceptionally(e);
     }
 
-    /** Stop delivering pushes. The daemon keeps sending them until the connection closes; they are dropped. */
+    /**
+     * Stop the pushes: the listener hears no more, and a cancel naming the subscription ends it
+     * in the daemon (its final error {@code cancelled} ends the route). Without it, each
+     * subscription a long-lived connection closed went on pushing, and the 17th was refused.
+     */
     @Override
     public void close() {
+        if (closed) {
+            return;
+        }
         closed = true;
+        if (client.isOpen()) {
+            try {
+                client.cancel(id);
+            } catch (KazeiaException e) {
+                // The connection is closing: the subscription ends with it.
+            }
+        }
     }
 }

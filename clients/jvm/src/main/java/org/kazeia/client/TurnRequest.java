@@ -15,6 +15,8 @@ public final class TurnRequest {
     public static final int MAX_NAME_BYTES = 128;
     /** Lowest audio sample rate the daemon takes, in Hz (PROTOCOL.md §4, Audio turns). */
     public static final int MIN_SAMPLE_RATE = 8000;
+    /** Highest audio sample rate the daemon takes, in Hz (PROTOCOL.md §4, Audio turns). */
+    public static final int MAX_SAMPLE_RATE = 384000;
 
     private String id;
     private String pipeline;
@@ -47,12 +49,13 @@ public final class TurnRequest {
 
     /**
      * An audio turn (transcribe, voice): s16le audio at this rate and channel count follows
-     * with {@link Turn#sendAudio} / {@link Turn#streamAudio}. The rate is at least 8000 Hz (the
+     * with {@link Turn#sendAudio} / {@link Turn#streamAudio}. The rate is 8000 to 384000 Hz (the
      * daemon converts any such rate to 16 kHz mono); channels 1..255 (one byte on the wire).
      */
     public static TurnRequest audio(String pipeline, int sampleRate, int channels) {
-        if (sampleRate < MIN_SAMPLE_RATE) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "audio sample_rate must be >= " + MIN_SAMPLE_RATE + " Hz, not " + sampleRate);
+        if (sampleRate < MIN_SAMPLE_RATE || sampleRate > MAX_SAMPLE_RATE) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, "audio sample_rate must be from " + MIN_SAMPLE_RATE + " to "
+                    + MAX_SAMPLE_RATE + " Hz, not " + sampleRate);
         }
         if (channels < 1 || channels > 255) {
             throw new KazeiaException(ErrorCode.BAD_REQUEST, "audio channels must be in 1..255, not " + channels);

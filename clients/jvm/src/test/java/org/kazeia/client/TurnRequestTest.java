@@ -62,7 +62,10 @@ class TurnRequestTest {
 
         KazeiaException rate = assertThrows(KazeiaException.class, () -> TurnRequest.audio("transcribe", 7999, 1));
         assertEquals(ErrorCode.BAD_REQUEST, rate.code());
-        assertTrue(rate.getMessage().contains(">= 8000"), rate.getMessage());
+        assertTrue(rate.getMessage().contains("from 8000 to 384000"), rate.getMessage());
+        assertThrows(KazeiaException.class, () -> TurnRequest.audio("transcribe", 384001, 1));
+        assertThrows(KazeiaException.class, () -> TurnRequest.audio("transcribe", Integer.MAX_VALUE, 1));
+        assertEquals(384000, TurnRequest.audio("transcribe", 384000, 1).sampleRate());
         assertThrows(KazeiaException.class, () -> TurnRequest.audio("transcribe", 0, 1));
         assertThrows(KazeiaException.class, () -> TurnRequest.audio("transcribe", -16000, 1));
         assertThrows(KazeiaException.class, () -> TurnRequest.audio("transcribe", 16000, 0));
