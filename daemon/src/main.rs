@@ -43,7 +43,7 @@ fn main() {
                 && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
         )
         .init();
-    let cli = kazeia_daemon::cli::Cli::parse();
+    let cli = kazeia_daemon::cli::Cli::try_parse().unwrap_or_else(|e| kazeia_daemon::cli::refused_arguments(e));
     // The runtime's workers are the first threads it starts; every later one belongs to its
     // blocking pool (loads, unloads, speech), which grows with concurrent blocking work and
     // shrinks after 10 s idle. Named apart, so that a soak can tell a pool that breathes from

@@ -49,14 +49,13 @@ pub struct Plan {
     pub models: Vec<ModelPlan>,
 }
 
-/// Plan every GGUF model of the config.
+/// Plan every model of the config: each file's GGUF header, whatever its name (an Ollama blob
+/// has none; one without `.gguf` was left out, the plan saying `fits` without it, while `serve`
+/// loaded it).
 pub fn plan(config: &Config) -> Result<Plan, String> {
     let mut models: Vec<ModelPlan> = Vec::new();
     for m in &config.models {
         let path = config.model_path(m);
-        if path.extension().and_then(|e| e.to_str()) != Some("gguf") {
-            continue;
-        }
         let header = gguf::read_header(&path).map_err(|e| e.to_string())?;
         let est = estimate(&header, &m.context_params()).map_err(|e| format!("{}: {e}", path.display()))?;
         let canonical = std::fs::canonicalize(&path).unwrap_or(path.clone());

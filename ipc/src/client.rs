@@ -147,18 +147,31 @@ impl Client {
         }
     }
 
+    /// A frame over the daemon's limit (its welcome's `max_frame`) is refused here: the writer
+    /// would refuse to encode it, and its request would wait for an answer that never comes.
+    fn fits(&self, frame: &Frame) -> Result<(), ClientError> {
+        let max = self.limits().map_or(MAX_FRAME, |l| l.max_frame.min(MAX_FRAME));
+        match frame.size() {
+            len if len > max => Err(FrameError::TooLarge { len, max }.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// Send a request and receive everything that names its id, until the receiver is dropped.
     pub async fn send(&self, req: Request) -> Result<mpsc::UnboundedReceiver<Incoming>, ClientError> {
+        let frame = Frame::request(&req);
+        self.fits(&frame)?;
         let (tx, rx) = mpsc::unbounded_channel();
         if let Some(id) = req.id() {
             self.routes.lock().expect("routes lock").insert(id.to_string(), tx);
         }
-        self.out.send(Frame::request(&req)).await.map_err(|_| ClientError::Closed)?;
+        self.out.send(frame).await.map_err(|_| ClientError::Closed)?;
         Ok(rx)
     }
 
     /// Send a frame that expects no answer of its own (cancel, audio).
     pub async fn send_frame(&self, frame: Frame) -> Result<(), ClientError> {
+        self.fits(&frame)?;
         self.out.send(frame).await.map_err(|_| ClientError::Closed)
     }
 

@@ -40,6 +40,17 @@ pub enum Frame {
     Invalid(InvalidFrame),
 }
 
+impl Frame {
+    /// The frame's length as the limit counts it: its kind byte and body.
+    pub fn size(&self) -> usize {
+        match self {
+            Frame::Json(json) => 1 + json.len(),
+            Frame::Audio(a) => 1 + 2 + a.id.len() + 4 + 1 + 1 + a.pcm.len(),
+            Frame::Invalid(_) => 0,
+        }
+    }
+}
+
 /// What was wrong with a frame that could be skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidFrame {
@@ -196,6 +207,14 @@ mod tests {
     }
 
     proptest! {
+        /// `size` is what the limit counts: the encoded frame less its 4-byte length.
+        #[test]
+        fn size_is_the_encoded_length(frame in arb_frame()) {
+            let mut wire = BytesMut::new();
+            FrameCodec::default().encode(frame.clone(), &mut wire).unwrap();
+            prop_assert_eq!(frame.size(), wire.len() - 4);
+        }
+
         /// Any sequence of frames, cut into arbitrary pieces on the wire, decodes to itself.
         #[test]
         fn stream_roundtrip(frames in proptest::collection::vec(arb_frame(), 1..8), cuts in proptest::collection::vec(1usize..64, 1..40)) {

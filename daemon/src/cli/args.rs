@@ -33,11 +33,12 @@ pub struct ClientArgs {
 
 #[derive(Debug, Args)]
 pub struct AskArgs {
-    /// The user's text; `-` reads it from standard input.
-    #[arg(conflicts_with_all = ["text_flag", "audio"])]
+    /// The user's text; `-` reads it from standard input. Text that starts with `-` ("-5 °C,
+    /// what should I wear?", a list item) is text, not an option.
+    #[arg(conflicts_with_all = ["text_flag", "audio"], allow_hyphen_values = true)]
     pub text: Option<String>,
     /// The user's text (same as the positional TEXT).
-    #[arg(long = "text", value_name = "TEXT", conflicts_with = "audio")]
+    #[arg(long = "text", value_name = "TEXT", conflicts_with = "audio", allow_hyphen_values = true)]
     pub text_flag: Option<String>,
     /// Pipeline [default: guarded-chat; with --audio: voice]. `chat` is the unguarded one.
     #[arg(long)]
@@ -101,8 +102,9 @@ pub struct RunArgs {
     /// --pipelines file's name.
     #[arg(default_value = kazeia_ipc::DEFAULT_PIPELINE)]
     pub pipeline: String,
-    /// The user's text for this turn; `-` reads it from standard input.
-    #[arg(long, required_unless_present = "audio")]
+    /// The user's text for this turn; `-` reads it from standard input. Text that starts with
+    /// `-` is text, not an option.
+    #[arg(long, required_unless_present = "audio", allow_hyphen_values = true)]
     pub text: Option<String>,
     /// A WAV file (any rate and channels) for the speech pipelines (`transcribe`, `voice`).
     #[arg(long, value_name = "FILE")]

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kazeia_ipc::{AudioFrame, AudioSpec, ErrorCode, Event, Frame, Request, DEFAULT_PIPELINE};
+use kazeia_ipc::{AudioFrame, AudioSpec, ClientError, ErrorCode, Event, Frame, Request, DEFAULT_PIPELINE};
 
 use super::client::{connect, follow};
 use super::print::noteln;
@@ -58,6 +58,13 @@ pub async fn ask(args: AskArgs) -> Exit {
     if plan.as_ref().is_some_and(|p| p.speak && !p.has_text_stages() && !p.transcribe) && args.out.is_none() {
         return usage(&printer, format!("{pipeline} only speaks: give --out FILE.wav"));
     }
+    // A pipeline that does not speak would leave --out an empty WAV (an existing file lost).
+    if plan.as_ref().is_some_and(|p| !p.speak) && args.out.is_some() {
+        return usage(
+            &printer,
+            format!("{pipeline} does not speak: --out would get no audio (speaking pipelines: voice, speak)"),
+        );
+    }
     if let Some(out) = &args.out {
         if let Err(e) = super::check_writable(out, "the spoken reply") {
             return usage(&printer, e);
@@ -77,6 +84,8 @@ pub async fn ask(args: AskArgs) -> Exit {
     };
     let rx = match client.send(req).await {
         Ok(rx) => rx,
+        // Over the daemon's frame limit: the question, not the daemon, is the problem.
+        Err(ClientError::Frame(e)) => return usage(&printer, format!("the question is too long to send: {e}")),
         Err(e) => {
             printer.error(ErrorCode::Engine, e.to_string());
             return Exit::Failed;

@@ -46,6 +46,19 @@ impl Exit {
     }
 }
 
+/// Arguments clap refused (exit 2): with `--json` among them, the error is also one JSON event
+/// line on stdout (`bad_request`), as every other error of a `--json` command is; clap's text
+/// still goes to stderr. Help and version are not errors.
+pub fn refused_arguments(e: clap::Error) -> ! {
+    let json = std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
+    if json && e.use_stderr() {
+        let text = e.render().to_string();
+        let first = text.lines().next().unwrap_or_default();
+        Printer::new(true).error(ErrorCode::BadRequest, first.trim_start_matches("error: ").to_string());
+    }
+    e.exit()
+}
+
 /// A text argument: `-` reads standard input (a trailing newline dropped).
 fn read_text(arg: String) -> Result<String, String> {
     if arg != "-" {

@@ -171,7 +171,12 @@ pub fn status(s: &kazeia_ipc::StatusReport) {
     );
     outln!("pipelines: {}", s.pipelines.join(", "));
     let to_mib = |b: u64| b as f64 / 1048576.0;
-    outln!("memory: {:.1} MiB reserved of a {:.1} MiB budget", to_mib(s.reserved_bytes), to_mib(s.budget_bytes));
+    outln!(
+        "memory: {:.1} MiB reserved of a {:.1} MiB budget, pressure {}",
+        to_mib(s.reserved_bytes),
+        to_mib(s.budget_bytes),
+        s.pressure
+    );
     outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  file / placement", "role", "state", "device", "MiB", "busy");
     for m in &s.models {
         let mib = m.file_bytes.map(|b| format!("{:.1}", b as f64 / 1048576.0)).unwrap_or_else(|| "-".into());

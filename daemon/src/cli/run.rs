@@ -32,6 +32,13 @@ pub async fn run(mut args: RunArgs) -> Exit {
         }
     };
     if let Some(lang) = &args.language {
+        if lang != "auto" && !crate::config::is_language_code(lang) {
+            printer.error(
+                ErrorCode::BadRequest,
+                format!("--language {lang:?}: a Whisper language code (`fr`, `en`, …) or `auto`"),
+            );
+            return Exit::Usage;
+        }
         config.speech.language = lang.clone();
     }
     let registry = match super::serve::registry(&args.common) {
@@ -62,6 +69,10 @@ pub async fn run(mut args: RunArgs) -> Exit {
     }
     if plan.speak && args.out.is_none() {
         return usage(format!("{name} speaks: give --out FILE.wav"));
+    }
+    // A pipeline that does not speak would leave --out an empty WAV (an existing file lost).
+    if !plan.speak && args.out.is_some() {
+        return usage(format!("{name} does not speak: --out would get no audio (speaking pipelines: voice, speak)"));
     }
     if let Some(out) = &args.out {
         if let Err(e) = super::check_writable(out, "the spoken reply") {

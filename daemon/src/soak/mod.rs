@@ -41,11 +41,11 @@ pub struct SoakArgs {
     /// Sampling interval of the daemon's process, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
-    /// Fraction of the samples treated as warm-up and left out of the drift checks.
-    #[arg(long, default_value_t = 0.1)]
+    /// Fraction of the samples treated as warm-up and left out of the drift checks (0 to 0.9).
+    #[arg(long, default_value_t = 0.1, value_parser = fraction(0.9))]
     pub warmup: f64,
-    /// Largest RSS drift allowed between the early and the late window after warm-up.
-    #[arg(long, default_value_t = 0.02)]
+    /// Largest RSS drift allowed between the early and the late window after warm-up (0 to 1).
+    #[arg(long, default_value_t = 0.02, value_parser = fraction(1.0))]
     pub max_drift: f64,
     /// Seed of the traffic (the same seed replays the same choices).
     #[arg(long, default_value_t = 1)]
@@ -183,10 +183,18 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
     // A last sample after the traffic, then stop the sampler.
     tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
     stop.cancel();
-    sampler.await?.map_err(|e: sample::SampleError| anyhow!("{e}"))?;
+    // A daemon that died mid-soak fails it, with what was sampled until then judged and written
+    // (the CSV and plot are the evidence).
+    let sampled = match sampler.await {
+        Ok(r) => r.map_err(|e: sample::SampleError| e.to_string()),
+        Err(e) => Err(format!("the sampler stopped: {e}")),
+    };
 
     let samples = std::mem::take(&mut *samples.lock().expect("samples"));
     let mut verdict = judge(&samples, budget, args.warmup, args.max_drift);
+    if let Err(e) = sampled {
+        verdict.failures.push(format!("sampling the daemon failed: {e}"));
+    }
     for e in client_errors {
         verdict.failures.push(format!("a client stopped: {e}"));
     }
@@ -280,7 +288,17 @@ fn outputs(args: &SoakArgs) -> impl Iterator<Item = (Output, &Path)> {
 }
 
 /// Before any traffic: every output path takes a file, and the plot's name a format.
-fn check_outputs(args: &SoakArgs) -> Result<()> {
+/// A number from 0 to `max`: `--warmup 1` left no sample to judge (the soak failed at its end
+/// whatever happened), `--max-drift nan` turned the drift check off.
+fn fraction(max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| match s.parse::<f64>() {
+        Ok(v) if (0.0..=max).contains(&v) => Ok(v),
+        _ => Err(format!("a number from 0 to {max}")),
+    }
+}
+
+/// The outputs can be written (a soak of an hour must not fail at its end on a path).
+pub fn check_outputs(args: &SoakArgs) -> Result<()> {
     for (output, path) in outputs(args) {
         let format = if output == Output::Plot { image_format(path) } else { Ok(()) };
         format
@@ -342,6 +360,16 @@ mod tests {
         let e = run(args(&["--plot", dir.path().join("m").to_str().unwrap()]), socket).await.unwrap_err().to_string();
         assert!(e.contains("name it *.png"), "{e}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "only the CSV's directory of this test is left");
+    }
+
+    /// `--warmup 1` left no sample to judge, `--max-drift nan` no drift check.
+    #[test]
+    fn fractions_out_of_range_are_refused() {
+        for bad in [["--warmup", "1"], ["--warmup", "-0.1"], ["--max-drift", "nan"], ["--max-drift", "2"]] {
+            assert!(Cli::try_parse_from(["kazeia-soak"].iter().chain(&bad)).is_err(), "{bad:?}");
+        }
+        let a = args(&["--warmup", "0.9", "--max-drift", "0"]);
+        assert_eq!((a.warmup, a.max_drift), (0.9, 0.0));
     }
 
     #[test]

@@ -85,10 +85,23 @@ fn ask_is_guarded_by_default_and_refuses_bad_input_clearly() {
         (&["ask", "hi", "--pipeline", "speak", "--out", "/nonexistent/dir/r.wav"][..], "cannot write the spoken reply"),
         (&["ask", "--audio", "/nonexistent/q.wav"][..], "/nonexistent/q.wav"),
         (&["ask", "--pipeline", "transcribe", "hi"][..], "give --audio"),
+        (&["ask", "--pipeline", "chat", "--out", "r.wav", "hi"][..], "does not speak"),
+        // Over the daemon's frame limit: the request never left, and `ask` waited for ever.
+        (&["ask", "-"][..], "too long"),
     ] {
-        let (code, _, err) = kazeia(&d, args, "");
+        let stdin = if args == ["ask", "-"] { "a".repeat(1_100_000) } else { String::new() };
+        let (code, _, err) = kazeia(&d, args, &stdin);
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(says) && !err.contains("[request"), "{args:?}: {err}");
+    }
+    // Text that starts with `-` is a question, not an option.
+    for args in [
+        &["ask", "--json", "--pipeline", "chat", "--max-tokens", "2", "-5 degrees: what to wear?"][..],
+        &["ask", "--json", "--pipeline", "chat", "--max-tokens", "2", "--text", "- a list item"],
+    ] {
+        let (code, out, err) = kazeia(&d, args, "");
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert_eq!(events(&out).last().unwrap()["type"], "done", "{out}");
     }
 
     // The protocol refuses the same inputs with `bad_request`.

@@ -170,6 +170,74 @@ fn plan_json_reads_headers_only() {
     assert_eq!(p["total_bytes"].as_u64().unwrap(), sum);
 }
 
+/// A model file named without `.gguf` (an Ollama blob) is planned like any other: it was left
+/// out, the plan saying `fits` without it, while `serve` loaded it.
+#[test]
+fn plan_reads_a_model_whatever_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let blob = dir.path().join("sha256-0123abcd");
+    std::os::unix::fs::symlink(crate::common::smollm2(), &blob).unwrap();
+    let plan = |file: &Path| {
+        let cfg = dir.path().join("m.toml");
+        std::fs::write(&cfg, format!("[[model]]\nrole = \"thinker\"\nfile = \"{}\"\n", file.display())).unwrap();
+        let (code, out, err) = kazeia(&["plan", "--json", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(code, 0, "{err}");
+        let p: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        p["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "thinker")
+            .cloned()
+            .unwrap_or_else(|| panic!("{p}"))
+    };
+    let (named, blob) = (plan(&crate::common::smollm2()), plan(&blob));
+    assert!(named["total_bytes"].as_u64().unwrap() > 0, "{named}");
+    assert_eq!(named["total_bytes"], blob["total_bytes"], "{named}\n{blob}");
+}
+
+/// Arguments the command refuses, each before any model loads: exit 2, and with `--json` one
+/// `bad_request` event line on stdout (clap's own refusals printed nothing there).
+#[test]
+fn refused_arguments_are_one_json_error_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("keep.wav");
+    std::fs::write(&wav, b"not to be lost").unwrap();
+    let wav = wav.to_str().unwrap();
+    for args in [
+        &["run", "chat", "--json", "--max-tokens", "0", "--text", "hi"][..],
+        &["run", "chat", "--json", "--temperature", "warm", "--text", "hi"],
+        &["run", "chat", "--json", "--bogus", "--text", "hi"],
+        &["ask", "--json", "--max-tokens", "0", "hi"],
+        // A pipeline that does not speak left --out an empty WAV, the file lost.
+        &["run", "chat", "--json", "--text", "hi", "--out", wav],
+        &["ask", "--json", "--pipeline", "chat", "--out", wav, "hi"],
+        &["run", "transcribe", "--json", "--language", "english", "--audio", "x.wav"],
+    ] {
+        let (code, out, err) = kazeia(args);
+        assert_eq!(code, 2, "{args:?}: {out} {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {out}");
+        let ev: serde_json::Value = serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+        assert_eq!((ev["type"].as_str(), ev["code"].as_str()), (Some("error"), Some("bad_request")), "{args:?}: {ev}");
+    }
+    assert_eq!(std::fs::read(wav).unwrap(), b"not to be lost");
+    // Help is not an error.
+    let (code, out, _) = kazeia(&["run", "--json", "--help"]);
+    assert_eq!(code, 0);
+    assert!(!out.trim_start().starts_with('{'), "{out}");
+}
+
+/// Text that starts with `-` (a temperature, a list item) is text, not an option.
+#[test]
+fn text_starting_with_a_dash_is_text() {
+    for text in ["-5 degrees: what should I wear?", "- Paris or Lyon?", "--"] {
+        let (code, out, err) = kazeia(&["run", "chat", "--json", "--max-tokens", "2", "--text", text]);
+        assert_eq!(code, 0, "{text:?}: {err}");
+        assert!(out.lines().last().unwrap_or_default().contains("\"done\""), "{text:?}: {out}");
+    }
+}
+
 /// `kazeia plan | head -1` and the like: stdout closed before the end. The command stops
 /// quietly with 141 (as a tool killed by SIGPIPE), not a panic (it was exit 101).
 #[test]
