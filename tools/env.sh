@@ -3,6 +3,17 @@
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/kazeia/target}"
 export KAZEIA_MODELS="${KAZEIA_MODELS:-$HOME/.cache/kazeia/models}"
 export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"
+# Python packages (the reference tools, gguf, model wheels): a Debian or Ubuntu python3 is
+# "externally managed" (PEP 668) and its pip refuses to install anything. There the tools use
+# a venv of their own in the cache, first on PATH (scripts' `#!/usr/bin/env python3` too).
+if python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' 2>/dev/null; then
+  if [ ! -x "$KAZEIA_CACHE/venv/bin/python3" ]; then
+    mkdir -p "$KAZEIA_CACHE"
+    python3 -m venv "$KAZEIA_CACHE/venv" >&2 \
+      || echo "tools/env.sh: python3 -m venv failed: install python3-venv (tools/setup does)" >&2
+  fi
+  [ -x "$KAZEIA_CACHE/venv/bin/python3" ] && export PATH="$KAZEIA_CACHE/venv/bin:$PATH"
+fi
 # This file's directory: BASH_SOURCE in bash, $0 in zsh; else the repository as the working
 # directory.
 if [ -n "${BASH_VERSION:-}" ]; then _kazeia_dir="$(dirname "${BASH_SOURCE[0]}")"; else _kazeia_dir="$(dirname "$0")"; fi
