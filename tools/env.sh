@@ -7,12 +7,17 @@ export KAZEIA_CACHE="${KAZEIA_CACHE:-$HOME/.cache/kazeia}"
 # "externally managed" (PEP 668) and its pip refuses to install anything. There the tools use
 # a venv of their own in the cache, first on PATH (scripts' `#!/usr/bin/env python3` too).
 if python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' 2>/dev/null; then
-  if [ ! -x "$KAZEIA_CACHE/venv/bin/python3" ]; then
+  # Without python3-venv, `venv` fails at ensurepip and leaves a venv with no pip: removed,
+  # so that the next try (tools/setup's, once it installed python3-venv) makes a whole one.
+  if [ ! -x "$KAZEIA_CACHE/venv/bin/pip" ]; then
+    rm -rf "$KAZEIA_CACHE/venv"
     mkdir -p "$KAZEIA_CACHE"
-    python3 -m venv "$KAZEIA_CACHE/venv" >&2 \
-      || echo "tools/env.sh: python3 -m venv failed: install python3-venv (tools/setup does)" >&2
+    python3 -m venv "$KAZEIA_CACHE/venv" >&2 || {
+      rm -rf "$KAZEIA_CACHE/venv"
+      echo "tools/env.sh: python3 -m venv failed: install python3-venv (tools/setup does)" >&2
+    }
   fi
-  [ -x "$KAZEIA_CACHE/venv/bin/python3" ] && export PATH="$KAZEIA_CACHE/venv/bin:$PATH"
+  [ -x "$KAZEIA_CACHE/venv/bin/pip" ] && export PATH="$KAZEIA_CACHE/venv/bin:$PATH"
 fi
 # This file's directory: BASH_SOURCE in bash, $0 in zsh; else the repository as the working
 # directory.

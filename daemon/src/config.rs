@@ -290,9 +290,9 @@ pub struct SpeechConfig {
     /// leases for good, and a handful of them made every other client's turn `busy`.
     #[serde(deserialize_with = "de_duration")]
     pub audio_idle: Duration,
-    /// The longest utterance: speech with no pause this long ends the turn there, as a `last`
-    /// frame would (the utterance is kept whole in memory, and each partial transcript reads
-    /// all of it).
+    /// The longest utterance (the pauses it went on after included): it ends the turn there, as
+    /// a `last` frame would, and what is said after is not heard (the utterance is kept whole in
+    /// memory, and each partial transcript reads all of it).
     #[serde(deserialize_with = "de_duration")]
     pub max_utterance: Duration,
     /// Silence after the audio in the Whisper window of a partial transcript (at most 30 s in
@@ -398,6 +398,9 @@ impl Default for SpeechConfig {
         }
     }
 }
+
+/// The smallest `[daemon] max_frame`.
+pub const MIN_FRAME: usize = 64 << 10;
 
 /// A Whisper language code's shape: `en`, `fr`, `haw` (which of them Whisper knows, its
 /// vocabulary says when it loads).
@@ -657,11 +660,13 @@ impl Config {
         }
         let daemon = raw.daemon;
         let daemon_line = |key: &str| line_of(text, text.find(key).or_else(|| text.find("[daemon")).unwrap_or(0));
-        if daemon.max_frame < 1024 || daemon.connection_buffer == 0 {
-            let key = if daemon.max_frame < 1024 { "max_frame" } else { "connection_buffer" };
+        // The daemon's own frames must fit: 100 ms of a 48 kHz voice is 9.6 KB, an error 1 KiB
+        // of message and its id; under that a voice turn closed its connection.
+        if daemon.max_frame < MIN_FRAME || daemon.connection_buffer == 0 {
+            let key = if daemon.max_frame < MIN_FRAME { "max_frame" } else { "connection_buffer" };
             return Err(invalid(
                 daemon_line(key),
-                "[daemon]: key `max_frame` must be >= 1024 and `connection_buffer` > 0".into(),
+                format!("[daemon]: key `max_frame` must be >= {MIN_FRAME} and `connection_buffer` > 0"),
             ));
         }
         // 0 refused every connection or every turn of every user, with a message that blamed them.
@@ -874,7 +879,7 @@ mod tests {
             ("[daemon]\nmax_turns_per_uid = 0\n", 5, "max_turns_per_uid"),
             ("[daemon]\nmax_connections_per_uid = 0\n", 5, "max_connections_per_uid"),
             ("[daemon]\nqueue_per_model = 0\n", 5, "queue_per_model"),
-            ("[daemon]\nconnection_buffer = 8\nmax_frame = 100\n", 6, "max_frame"),
+            ("[daemon]\nconnection_buffer = 8\nmax_frame = 65535\n", 6, "max_frame"),
             ("[speech]\nlanguage = \"english\"\n", 5, "language"),
             ("[speech]\nlanguages = [\"fr\", \"French\"]\n", 5, "languages"),
             ("[speech]\naudio_idle = \"0s\"\n", 5, "audio_idle"),

@@ -340,21 +340,35 @@ pub enum ErrorCode {
     NoSpeech,
 }
 
-/// The longest `message` an error carries, in bytes. Messages quote what the client sent (an
-/// unknown type, a pipeline name, serde's account of a bad field): a quote of a 600 KB string,
-/// escaped twice (Rust's `{:?}`, then JSON), made a 1.2 MB error over the frame limit, which the
-/// daemon could not send at all.
+/// The longest `message` an error carries, in bytes once written as JSON. Messages quote what
+/// the client sent (an unknown type, a pipeline name, serde's account of a bad field): a quote
+/// of a 600 KB string, escaped twice (Rust's `{:?}`, then JSON), made a 1.2 MB error over the
+/// frame limit, which the daemon could not send at all.
 pub const MAX_MESSAGE: usize = 1024;
 
+/// A character's length in a JSON string, as serde_json writes it.
+fn json_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
 impl Event {
-    /// An error event, its message cut to [`MAX_MESSAGE`] bytes (ending with `…`).
+    /// An error event, its message cut to [`MAX_MESSAGE`] bytes of JSON (ending with `…`).
     pub fn error(id: Option<String>, code: ErrorCode, message: impl Into<String>, is_final: bool) -> Event {
         let mut message = message.into();
-        if message.len() > MAX_MESSAGE {
-            let mut end = MAX_MESSAGE - '…'.len_utf8();
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
+        if message.chars().map(json_len).sum::<usize>() > MAX_MESSAGE {
+            let room = MAX_MESSAGE - '…'.len_utf8();
+            let mut used = 0;
+            let end = message
+                .char_indices()
+                .find(|&(_, c)| {
+                    used += json_len(c);
+                    used > room
+                })
+                .map_or(message.len(), |(i, _)| i);
             message.truncate(end);
             message.push('…');
         }
@@ -448,7 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn error_messages_are_cut_at_a_char_boundary() {
+    fn error_messages_are_cut_to_their_json_length_at_a_char_boundary() {
         let short = Event::error(Some("r".into()), ErrorCode::BadRequest, "short", false);
         assert_eq!(
             short,
@@ -459,18 +473,21 @@ mod tests {
                 is_final: false
             }
         );
-        for n in [MAX_MESSAGE - 1, MAX_MESSAGE, MAX_MESSAGE + 1, 10 * MAX_MESSAGE] {
-            for fill in ["a", "é", "日", "\\\"", "🦀"] {
+        for n in [MAX_MESSAGE / 6, MAX_MESSAGE / 2, MAX_MESSAGE - 1, MAX_MESSAGE, MAX_MESSAGE + 1, 10 * MAX_MESSAGE] {
+            for fill in ["a", "é", "日", "\\\"", "🦀", "\u{1}", "\n", "\\"] {
                 let text = fill.repeat(n);
                 let Event::Error { message, .. } = Event::error(None, ErrorCode::UnknownType, text.clone(), true)
                 else {
                     unreachable!()
                 };
-                assert!(message.len() <= MAX_MESSAGE, "{} bytes", message.len());
-                if text.len() <= MAX_MESSAGE {
+                // What goes on the wire, less the quotes around it.
+                let json = |s: &str| serde_json::to_string(s).unwrap().len() - 2;
+                assert!(json(&message) <= MAX_MESSAGE, "{fill:?} x {n}: {} bytes", json(&message));
+                if json(&text) <= MAX_MESSAGE {
                     assert_eq!(message, text);
                 } else {
                     assert!(message.ends_with('…') && text.starts_with(message.trim_end_matches('…')));
+                    assert!(json(&message) > MAX_MESSAGE - 12, "{fill:?} x {n}: cut short, {} bytes", json(&message));
                 }
             }
         }

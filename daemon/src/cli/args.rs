@@ -34,10 +34,11 @@ pub struct ClientArgs {
 #[derive(Debug, Args)]
 pub struct AskArgs {
     /// The user's text; `-` reads it from standard input. Text that starts with `-` ("-5 °C,
-    /// what should I wear?", a list item) is text, not an option.
-    #[arg(conflicts_with_all = ["text_flag", "audio"], allow_hyphen_values = true)]
+    /// what should I wear?", a list item) after `--` (`kazeia ask -- "-5 °C?"`) or with --text
+    /// (a mistyped option alone must stay an error, not become the question).
+    #[arg(conflicts_with_all = ["text_flag", "audio"])]
     pub text: Option<String>,
-    /// The user's text (same as the positional TEXT).
+    /// The user's text (same as the positional TEXT); text that starts with `-` is text.
     #[arg(long = "text", value_name = "TEXT", conflicts_with = "audio", allow_hyphen_values = true)]
     pub text_flag: Option<String>,
     /// Pipeline [default: guarded-chat; with --audio: voice]. `chat` is the unguarded one.

@@ -222,6 +222,8 @@ pub async fn handle(sup: Arc<Supervisor>, stream: UnixStream, closing: Cancellat
     }
     // Turns stop within one token or prefill chunk; wait for them so their resources are freed.
     c.close().await;
+    // The last senders of the outbox: the writer sends what is queued, then closes.
+    drop(c);
     drop(out);
     // The frames left go out unless the client does not read them: a writer blocked on a full
     // socket would hold it open for good (the peer's uid no longer counting it), so it stops.

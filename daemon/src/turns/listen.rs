@@ -318,6 +318,9 @@ fn listen(
     // No frame for `audio_idle`: the client stalled (see `SpeechConfig::audio_idle`).
     let stalled = |r: &Ring| r.arrived.lock().unwrap_or_else(|p| p.into_inner()).at.elapsed() >= s.audio_idle;
     let most = vad::samples(s.max_utterance);
+    // The utterance reached `max_utterance`: the user may still be speaking, which is not a
+    // barge-in on the reply to what they said (it would cancel every such turn's reply).
+    let mut capped = false;
     let mut utterance: Vec<f32> = Vec::new();
     let mut chunk = vec![0f32; vad::CHUNK];
     // Speech has begun: `utterance` grows; before it, `recent` keeps the last chunk + pad.
@@ -440,6 +443,7 @@ fn listen(
                         seconds = s.max_utterance.as_secs_f64(),
                         "the utterance is at `max_utterance`: the turn ends"
                     );
+                    capped = true;
                     break None;
                 }
             } else {
@@ -600,11 +604,15 @@ fn listen(
     if failed || (!segment_end && ended(&ring)) {
         return;
     }
-    // 2. Barge-in: new speech while the reply runs cancels the turn.
+    // 2. Barge-in: new speech while the reply runs cancels the turn (after `max_utterance`, the
+    // audio still coming is only drained).
     vad.reset();
     while !stop.is_cancelled() && !turn.is_cancelled() {
         if ring.consumer.occupied_len() >= vad::CHUNK {
             ring.consumer.pop_slice(&mut chunk);
+            if capped {
+                continue;
+            }
             if let Ok(Some(VadEvent::SpeechStart(_))) = vad.push(&chunk) {
                 tracing::info!("barge-in: the user spoke during the reply; stopping it");
                 turn.cancel();

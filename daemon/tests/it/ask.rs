@@ -86,6 +86,8 @@ fn ask_is_guarded_by_default_and_refuses_bad_input_clearly() {
         (&["ask", "--audio", "/nonexistent/q.wav"][..], "/nonexistent/q.wav"),
         (&["ask", "--pipeline", "transcribe", "hi"][..], "give --audio"),
         (&["ask", "--pipeline", "chat", "--out", "r.wav", "hi"][..], "does not speak"),
+        // A mistyped option is not the question.
+        (&["ask", "--jsno"][..], "--jsno"),
         // Over the daemon's frame limit: the request never left, and `ask` waited for ever.
         (&["ask", "-"][..], "too long"),
     ] {
@@ -94,10 +96,11 @@ fn ask_is_guarded_by_default_and_refuses_bad_input_clearly() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(says) && !err.contains("[request"), "{args:?}: {err}");
     }
-    // Text that starts with `-` is a question, not an option.
+    // Text that starts with `-` is a question, not an option: after `--`, or with --text.
     for args in [
-        &["ask", "--json", "--pipeline", "chat", "--max-tokens", "2", "-5 degrees: what to wear?"][..],
+        &["ask", "--json", "--pipeline", "chat", "--max-tokens", "2", "--", "-5 degrees: what to wear?"][..],
         &["ask", "--json", "--pipeline", "chat", "--max-tokens", "2", "--text", "- a list item"],
+        &["ask", "--json", "--pipeline", "chat", "--max-tokens", "2", "--text", "--"],
     ] {
         let (code, out, err) = kazeia(&d, args, "");
         assert_eq!(code, 0, "{args:?}: {err}");

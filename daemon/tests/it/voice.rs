@@ -472,11 +472,12 @@ async fn final_transcript(
     }
 }
 
-/// Read a turn's events up to its final one.
-async fn to_the_end(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>) {
-    while let Some(item) = tokio::time::timeout(common::HANG, rx.recv()).await.expect("the turn's end") {
-        if matches!(item, Incoming::Event(Event::Done { .. } | Event::Error { is_final: true, .. })) {
-            break;
+/// Read a turn's events up to its final one, which it returns.
+async fn to_the_end(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>) -> Event {
+    loop {
+        let item = tokio::time::timeout(common::HANG, rx.recv()).await.expect("the turn's end").expect("open");
+        if let Incoming::Event(e @ (Event::Done { .. } | Event::Error { is_final: true, .. })) = item {
+            return e;
         }
     }
 }
@@ -508,7 +509,9 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
     let text = final_transcript(&mut rx).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     assert!(!text.is_empty() && !text.contains("friday"), "{text:?}");
     assert!(d.log().contains("max_utterance"), "{}", d.log());
-    to_the_end(&mut rx).await;
+    // The rest of the sentence, still in the ring, is not a barge-in on the turn.
+    let end = to_the_end(&mut rx).await;
+    assert!(matches!(end, Event::Done { stop, .. } if stop != StopReason::Cancelled), "{end:?}");
     // Every turn has ended: none holds its roles.
     let st = c.status().await.unwrap();
     assert_eq!(st.turns_running, 0, "{st:?}");

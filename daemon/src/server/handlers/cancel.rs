@@ -7,12 +7,10 @@ use kazeia_ipc::ErrorCode;
 use super::Conn;
 
 pub fn cancel(c: &mut Conn, id: String) {
-    if let Some(subscription) = c.subscriptions.remove(&id) {
-        // Its task answers `cancelled` (unless it had ended: then nothing runs under the id).
-        if !subscription.is_cancelled() {
-            subscription.cancel();
-            return;
-        }
+    // Its task answers `cancelled`; the id stays taken until then.
+    if let Some(subscription) = c.subscriptions.get(&id).filter(|s| s.running()) {
+        subscription.stop();
+        return;
     }
     if !c.sup.cancel(c.who.conn, c.who.uid, &id) {
         let msg = format!("no running request {id:?}");

@@ -32,9 +32,8 @@ pub struct Conn {
     pub(super) cancel: CancellationToken,
     pub(super) tasks: JoinSet<()>,
     pub(super) audio: AudioTurns,
-    /// The connection's subscriptions, by id: cancelled by a `cancel` naming them (each task
-    /// cancels its own when it ends).
-    pub(super) subscriptions: HashMap<String, CancellationToken>,
+    /// The connection's subscriptions, by id (ended ones are dropped at the next `subscribe`).
+    pub(super) subscriptions: HashMap<String, subscribe::Subscription>,
 }
 
 impl Conn {
@@ -52,7 +51,7 @@ impl Conn {
 
     /// Whether a turn or a subscription of this connection runs under `id`.
     pub(super) fn running(&self, id: &str) -> bool {
-        self.sup.is_running(self.who.conn, id) || self.subscriptions.get(id).is_some_and(|s| !s.is_cancelled())
+        self.sup.is_running(self.who.conn, id) || self.subscriptions.get(id).is_some_and(|s| s.running())
     }
 
     /// The client is gone (or the daemon stops): cancel its work and wait for it.

@@ -258,17 +258,11 @@ class DaemonTest {
     void closedSubscriptionsEndInTheDaemon() throws InterruptedException {
         // The daemon holds 16 subscriptions a connection: twenty opened and closed one after
         // the other pass only if each close ended its own there.
-        List<String> ids = new ArrayList<>();
         for (int i = 0; i < 20; i++) {
             Subscription sub = client.subscribe(s -> {});
-            ids.add(sub.id());
             sub.close();
             assertFalse(sub.isActive());
         }
-        // Every cancelled subscription's final error went to its route, none to onEvent (frames
-        // come in order: a status asked after them all comes after them).
-        client.status();
-        assertTrue(orphans.stream().noneMatch(o -> ids.contains(o.id())), "their events fell to onEvent: " + orphans);
     }
 
     @Test
