@@ -135,10 +135,13 @@ async fn cancel_mid_generation() {
         }
         other => panic!("{other:?}"),
     }
-    // Cancelling something that is not running is a clear error.
+    // Cancelling something that is not running is a clear error, about the cancel only (not
+    // final: a turn that has just ended may have its `done` still to come).
     let mut rx = c.send(kazeia_ipc::Request::Cancel { id: "nope".into() }).await.unwrap();
     match rx.recv().await.unwrap() {
-        Incoming::Event(Event::Error { code, .. }) => assert_eq!(code, ErrorCode::UnknownRequest),
+        Incoming::Event(Event::Error { code, is_final, .. }) => {
+            assert_eq!((code, is_final), (ErrorCode::UnknownRequest, false))
+        }
         other => panic!("{other:?}"),
     }
 }

@@ -12,8 +12,11 @@ pub fn cancel(c: &mut Conn, id: String) {
         subscription.stop();
         return;
     }
+    // `final: false`: the error is about this cancel, not the request under the id. A turn is
+    // deregistered just before its final event leaves: a cancel between the two once told the
+    // client, with a final error, that the turn had failed, and its `done` came after.
     if !c.sup.cancel(c.who.conn, c.who.uid, &id) {
         let msg = format!("no running request {id:?}");
-        c.out.error(Some(id), ErrorCode::UnknownRequest, msg);
+        c.out.notice(Some(id), ErrorCode::UnknownRequest, msg);
     }
 }
