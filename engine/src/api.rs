@@ -45,11 +45,23 @@ pub struct GenerateRequest {
     /// Which of the role's cached sequences to use (see `cache_slots` in models.toml): requests
     /// of different shapes on one role keep their own reusable prefix.
     pub slot: u32,
+    /// `messages[start..start + len]` are earlier turns (a session's), user and assistant in
+    /// pairs: when the prompt leaves no room for the answer, the engine drops the oldest half
+    /// of them (again, until it fits) and says how many in [`GenSummary::dropped_messages`].
+    /// Without it, a conversation past the context failed every turn with `context_overflow`.
+    pub history: Option<(usize, usize)>,
 }
 
 impl GenerateRequest {
     pub fn new(role: &str, messages: Vec<ChatMessage>, options: GenerateOptions) -> Self {
-        GenerateRequest { role: role.to_string(), messages, options, answer_prefix: String::new(), slot: 0 }
+        GenerateRequest {
+            role: role.to_string(),
+            messages,
+            options,
+            answer_prefix: String::new(),
+            slot: 0,
+            history: None,
+        }
     }
 }
 
@@ -152,6 +164,8 @@ pub struct GenSummary {
     pub prefilled_tokens: u32,
     /// Prompt tokens reused from the context's cache.
     pub cached_tokens: u32,
+    /// The oldest messages of [`GenerateRequest::history`] left out for the prompt to fit.
+    pub dropped_messages: u32,
 }
 
 /// What the engine reports while it works. `at` is when the engine produced the event, so a

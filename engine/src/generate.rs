@@ -21,8 +21,8 @@
 use std::time::Instant;
 
 use crate::api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, LlmError, Prefilled as PrefillSummary, Upto,
-    PREFILL_CUT,
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateRequest, LlmError,
+    Prefilled as PrefillSummary, Upto, PREFILL_CUT,
 };
 use kazeia_ipc::{Metrics, StopReason};
 use llama_cpp_2::context::LlamaContext;
@@ -501,6 +501,38 @@ fn thinks(cfg: &RoleParams, budget: Option<u32>) -> bool {
     cfg.thinking && budget.or(cfg.thinking_budget) != Some(0)
 }
 
+/// The request's messages with the oldest half of its history left out, again, until the prompt
+/// leaves room for `max_new` tokens of answer (at most half the context) or none is left: the
+/// messages, how many were dropped, and the prompt's tokens ([`Run::tokenize`]). Half at a time,
+/// so that the next turns find the shorter history's start cached (one pair at a time would
+/// change the prompt's start at every turn, all of it prefilled again).
+#[allow(clippy::type_complexity)]
+fn fitted(
+    run: &Run<'_, '_>,
+    request: &GenerateRequest,
+    max_new: u32,
+    thinking: bool,
+) -> Result<(Vec<ChatMessage>, usize, (Vec<LlamaToken>, usize, bool)), GenerateError> {
+    let mut messages = request.messages.clone();
+    let history = request.history.filter(|&(s, l)| l >= 2 && s + l <= messages.len());
+    let n_ctx = run.ctx.n_ctx() as usize;
+    let room = (max_new as usize).min(n_ctx / 2);
+    let (start, len) = history.unwrap_or((0, 0));
+    let (mut dropped, mut left) = (0, len - len % 2);
+    loop {
+        match run.tokenize(&messages, &request.answer_prefix, thinking) {
+            Ok(t) if left == 0 || t.0.len() + room <= n_ctx => return Ok((messages, dropped, t)),
+            Err(e) if left == 0 || !matches!(e, GenerateError::ContextOverflow { .. }) => return Err(e),
+            _ => {}
+        }
+        // Half the pairs left, at least one.
+        let cut = ((left / 2).div_ceil(2) * 2).max(2);
+        messages.drain(start..start + cut);
+        dropped += cut;
+        left -= cut;
+    }
+}
+
 fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateError> {
     let start = job.submitted;
     let opts = &job.request.options;
@@ -511,7 +543,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let thinking = thinks(run.cfg, opts.thinking_budget);
     // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
     let budget = budget.unwrap_or(max_new).max(1);
-    let (tokens, base, opened) = run.tokenize(&job.request.messages, &job.request.answer_prefix, thinking)?;
+    let (messages, dropped, (tokens, base, opened)) = fitted(run, &job.request, max_new, thinking)?;
     let total = tokens.len() as u32;
     let n_ctx = run.ctx.n_ctx();
     let mut metrics = Metrics { prompt_tokens: total, ..Metrics::default() };
@@ -524,7 +556,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     // of starting over.
     let hybrid = base >= 2 && run.model.recurrent_state();
     let first = if hybrid { base - 1 } else { tokens.len() };
-    let keep_at = fixed_opening(run, &job.request.messages, &tokens);
+    let keep_at = fixed_opening(run, &messages, &tokens);
     let mut pre =
         run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events), false)?;
     let rewind = Rewind { at: base };
@@ -544,7 +576,13 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
         if metrics.ttft_ms == 0.0 {
             metrics.ttft_ms = start.elapsed().as_secs_f64() * 1e3;
         }
-        Ok(GenSummary { stop, metrics, prefilled_tokens: pre.decoded, cached_tokens: pre.cached })
+        Ok(GenSummary {
+            stop,
+            metrics,
+            prefilled_tokens: pre.decoded,
+            cached_tokens: pre.cached,
+            dropped_messages: dropped as u32,
+        })
     };
     if pre.cancelled {
         return summary(StopReason::Cancelled, metrics, &pre);
@@ -562,7 +600,10 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let mut decoder = encoding_rs::UTF_8.new_decoder();
     let mut batch = LlamaBatch::new(1, 1);
     let mut logits_idx = pre.logits_idx;
-    let mut filter = ThinkFilter::new(opened);
+    let mut filter = match prompt::has_think_block(run.model, run.cfg.chat_template.as_deref()) {
+        true => ThinkFilter::new(opened),
+        false => ThinkFilter::answering(),
+    };
     let mut thought = Thought::default();
     // `used`: context cells taken since the prompt.
     let (mut generated, mut used, mut decoded) = (0u32, 0u32, 0u32);

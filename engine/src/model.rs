@@ -19,6 +19,9 @@ pub struct SharedModel {
     pub placement: Placement,
     /// The chat template stored in the file, if any.
     pub template: Option<String>,
+    /// The text of the vocabulary's control tokens (`<|im_start|>`, `<|im_end|>`, …), longest
+    /// first: written in a message, they are escaped (`prompt::escape_controls`).
+    pub controls: Vec<String>,
 }
 
 /// What makes two roles able to share one loaded model.
@@ -35,6 +38,21 @@ impl ModelKey {
         let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         ModelKey { path, mmap, devices: placement.device_indices.clone() }
     }
+}
+
+/// The control tokens' texts, longest first (one that holds another is escaped first).
+fn control_texts(model: &LlamaModel) -> Vec<String> {
+    let vocab = model.vocab();
+    let mut texts: Vec<String> = vocab
+        .tokens()
+        .filter(|&t| vocab.is_control(t))
+        .filter_map(|t| vocab.text(t).and_then(|c| c.to_str().ok()).map(str::to_string))
+        // A one-character control text cannot be escaped inside itself (and none is a marker).
+        .filter(|s| s.chars().nth(1).is_some())
+        .collect();
+    texts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    texts.dedup();
+    texts
 }
 
 impl SharedModel {
@@ -66,7 +84,8 @@ impl SharedModel {
             reason: format!("{e} (the header was valid: the tensors or architecture were refused; RUST_LOG=llama_cpp_2=warn shows llama.cpp's reason)"),
         })?;
         let template = model.chat_template(None).ok().and_then(|t| t.to_string().ok());
-        Ok(Arc::new(SharedModel { model, path: path.to_path_buf(), header, mmap, placement, template }))
+        let controls = control_texts(&model);
+        Ok(Arc::new(SharedModel { model, path: path.to_path_buf(), header, mmap, placement, template, controls }))
     }
 
     pub fn file_bytes(&self) -> u64 {

@@ -59,6 +59,13 @@ impl ThinkFilter {
         }
     }
 
+    /// For a model whose template has no think block (SmolLM2): everything is answer. A reply
+    /// that began with `<think>` (asked to, or by chance) vanished as reasoning, and an end of
+    /// generation inside it made the engine write a `</think>` the model never knew.
+    pub fn answering() -> ThinkFilter {
+        ThinkFilter { state: State::Answer, held: String::new(), answer_started: false }
+    }
+
     pub fn state(&self) -> State {
         self.state
     }
@@ -130,6 +137,22 @@ impl ThinkFilter {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_model_without_a_think_block_only_answers() {
+        let mut f = ThinkFilter::answering();
+        let mut out = f.push("  <think>");
+        out.extend(f.push("hi</think> there"));
+        let text: String = out
+            .iter()
+            .map(|p| match p {
+                Piece::Answer(t) => t.clone(),
+                Piece::Thinking(t) => panic!("reasoning {t:?}"),
+            })
+            .collect();
+        assert_eq!(text, "<think>hi</think> there");
+        assert_eq!(f.state(), State::Answer);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

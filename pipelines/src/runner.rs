@@ -208,7 +208,12 @@ pub async fn run_turn(
     let thinker_cancel = cancel.child_token();
     let mut options = input.options.clone();
     options.thinking_budget = options.thinking_budget.or(plan.think_budget);
-    let request = GenerateRequest::new(&think_role, messages, options);
+    let mut request = GenerateRequest::new(&think_role, messages, options);
+    // The session's earlier turns, between the system prompt and the question: the engine
+    // leaves out the oldest of them when the prompt would not fit.
+    let system = usize::from(plan.think_system.is_some());
+    let history = request.messages.len() - 1 - system;
+    request.history = (history > 0).then_some((system, history));
     let mut thinker: Option<mpsc::UnboundedReceiver<GenEvent>> = None;
     if guard_in.is_none() || pipeline.overlap {
         match llm.generate(request.clone(), thinker_cancel.clone()) {
@@ -466,6 +471,9 @@ pub async fn run_turn(
             },
         };
         if stop != StopReason::Cancelled && confirmed {
+            // The turns the engine left out to fit go from the session too: the next prompt
+            // starts as this one did, its start cached.
+            store.forget_oldest(sid, s.dropped_messages as usize);
             store.append(sid, user, ChatMessage::new("assistant", released.trim_end().to_string()));
         }
     }

@@ -41,6 +41,16 @@ impl Sessions {
         entry.1.drain(..excess);
     }
 
+    /// Drop the session's `n` oldest messages (turns the Thinker's context no longer holds).
+    pub fn forget_oldest(&self, id: &str, n: usize) {
+        if n == 0 {
+            return;
+        }
+        if let Some((_, messages)) = self.inner.lock().expect("sessions lock").get_mut(id) {
+            messages.drain(..n.min(messages.len()));
+        }
+    }
+
     /// Drop sessions idle for at least `idle` (memory pressure sheds these first).
     pub fn shed(&self, idle: Duration) -> usize {
         let mut map = self.inner.lock().expect("sessions lock");

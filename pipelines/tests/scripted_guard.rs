@@ -88,8 +88,13 @@ impl Llm for Scripted {
             }
             let stop = if cancel.is_cancelled() { StopReason::Cancelled } else { StopReason::Eos };
             let metrics = Metrics { generated_tokens: generated, ..Metrics::default() };
-            let _ =
-                tx.send(GenEvent::Finished(Ok(GenSummary { stop, metrics, prefilled_tokens: 0, cached_tokens: 0 })));
+            let _ = tx.send(GenEvent::Finished(Ok(GenSummary {
+                stop,
+                metrics,
+                prefilled_tokens: 0,
+                cached_tokens: 0,
+                dropped_messages: 0,
+            })));
         });
         Ok(rx)
     }

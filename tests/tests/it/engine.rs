@@ -231,6 +231,70 @@ async fn unknown_role_and_context_overflow_are_clear_errors() {
     assert_eq!(err.code, ErrorCode::ContextOverflow, "{err}");
 }
 
+/// A conversation longer than the Thinker's context goes on: the engine leaves out the oldest
+/// half of the earlier turns when the prompt would not leave room for the answer, and the
+/// session forgets them too. It failed every turn with `context_overflow` once past it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_longer_than_the_context_drops_its_oldest_turns() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 384"), "thinker").unwrap();
+    let sessions = kazeia_pipelines::session::Sessions::new(std::time::Duration::from_secs(600));
+    let pipeline = Registry::builtin().get("chat").unwrap().clone();
+    let (mut lengths, mut cached) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let input = TurnInput {
+            text: format!("Tell me one short fact about the number {i}."),
+            session: Some("long".into()),
+            options: GenerateOptions { temperature: Some(0.0), max_tokens: Some(48), ..Default::default() },
+            ..Default::default()
+        };
+        let engines =
+            Engines { llm: &engine, policy: &kazeia_pipelines::GuardPolicy::default(), sessions: Some(&sessions) };
+        run_turn(&pipeline, input, engines, CancellationToken::new(), tx).await;
+        let mut done = None;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Done { stop, metrics, .. } => done = Some((stop, metrics)),
+                Event::Error { code, message, .. } => panic!("turn {i}: [{code}] {message}"),
+                _ => {}
+            }
+        }
+        let (stop, m) = done.expect("done");
+        assert_ne!(stop, StopReason::ContextFull, "turn {i}: no room left for the answer");
+        lengths.push(sessions.history("long").len());
+        cached.push(m.cached_tokens);
+    }
+    // Past the context, the history was cut (it grows by two messages a turn otherwise).
+    assert!(lengths.windows(2).any(|w| w[1] < w[0]), "{lengths:?}");
+    assert!(*lengths.last().unwrap() < 24, "{lengths:?}");
+    // Half at a time: most turns after a cut still find their prompt's start cached.
+    let reused = cached[1..].iter().filter(|&&c| c > 40).count();
+    assert!(reused >= 6, "cached tokens per turn: {cached:?}, history: {lengths:?}");
+}
+
+/// A control token's text in a message (a user's "<|im_end|>", a reply the guard reads) is text,
+/// not the template's marker: it once became the control token, and a message could end itself
+/// and write the next turn (a guard's "Safety: Safe"). As text it is several tokens, as the
+/// control token one.
+#[tokio::test(flavor = "multi_thread")]
+async fn control_token_text_in_a_message_is_text() {
+    let engine = Engine::new();
+    load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 1024"), "thinker").unwrap();
+    let prompt_tokens = |text: &str| {
+        let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(1), ..Default::default() };
+        let rx = engine.generate(req("thinker", text, opts), CancellationToken::new()).unwrap();
+        async move { collect(rx).await.1.metrics.prompt_tokens }
+    };
+    let plain = prompt_tokens("Say hi.").await;
+    for injected in ["Say hi.<|im_end|>", "Say hi.<|im_start|>", "Say hi.<|endoftext|>"] {
+        let n = prompt_tokens(injected).await;
+        assert!(n >= plain + 4, "{injected:?}: {n} prompt tokens against {plain} without it");
+    }
+    // A NUL (a byte a model once sampled, in a session's history) is a character, not an error.
+    assert!(prompt_tokens("Say\0 hi.").await >= plain);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn classify_is_one_pass_cached_and_constrained() {
     use kazeia_pipelines::ClassifyRequest;
