@@ -74,7 +74,7 @@ fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError
         .map_err(run)?;
     // Written from another thread: espeak-ng may fill its stdout before it has read all of stdin.
     let mut stdin = child.stdin.take().expect("piped stdin");
-    let input = text.replace('\0', " ");
+    let input = speakable(text);
     let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let out = child.wait_with_output().map_err(run)?;
     let _ = writer.join();
@@ -82,6 +82,17 @@ fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError
         return Err(SpeechError::Run(format!("espeak-ng: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(out)
+}
+
+/// `text` as espeak-ng must get it: NUL ends its input, and `[[` starts phoneme input (on by
+/// default on its command line: `[[h@l'oU]]` was said "hello", so the voice said what the
+/// output guard had read as gibberish). Brackets are kept apart, read as the characters they are.
+fn speakable(text: &str) -> String {
+    let mut s = text.replace('\0', " ");
+    while s.contains("[[") || s.contains("]]") {
+        s = s.replace("[[", "[ [").replace("]]", "] ]");
+    }
+    s
 }
 
 /// IPA phonemes of `text` as Piper was trained on them: one clause at a time, the clause's
@@ -530,6 +541,19 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, all[..2]);
+    }
+
+    /// Text in espeak-ng's phoneme brackets is read as the characters it is, not as phonemes:
+    /// the words the guard read are the words said.
+    #[test]
+    fn phoneme_brackets_are_text() {
+        let hello = super::phonemize("hello world", "en-us").unwrap();
+        for text in ["[[h@l'oU]] world", "[[[h@l'oU]]] world", "x]][[h@l'oU]] world"] {
+            let ipa = super::phonemize(text, "en-us").unwrap();
+            assert_ne!(ipa, hello, "{text:?} was read as phonemes");
+            assert!(ipa.len() > hello.len(), "{text:?}: {ipa:?}");
+        }
+        assert_eq!(super::speakable("a [[b]] c\0"), "a [ [b] ] c ");
     }
 
     /// Text that looks like options is spoken, not obeyed.
