@@ -502,7 +502,7 @@ fn thinks(cfg: &RoleParams, budget: Option<u32>) -> bool {
 }
 
 /// The request's messages with the oldest half of its history left out, again, until the prompt
-/// leaves room for `max_new` tokens of answer (at most half the context) or none is left: the
+/// leaves `room` tokens for what comes after it (at most half the context) or none is left: the
 /// messages, how many were dropped, and the prompt's tokens ([`Run::tokenize`]). Half at a time,
 /// so that the next turns find the shorter history's start cached (one pair at a time would
 /// change the prompt's start at every turn, all of it prefilled again).
@@ -510,13 +510,13 @@ fn thinks(cfg: &RoleParams, budget: Option<u32>) -> bool {
 fn fitted(
     run: &Run<'_, '_>,
     request: &GenerateRequest,
-    max_new: u32,
+    room: u32,
     thinking: bool,
 ) -> Result<(Vec<ChatMessage>, usize, (Vec<LlamaToken>, usize, bool)), GenerateError> {
     let mut messages = request.messages.clone();
     let history = request.history.filter(|&(s, l)| l >= 2 && s + l <= messages.len());
     let n_ctx = run.ctx.n_ctx() as usize;
-    let room = (max_new as usize).min(n_ctx / 2);
+    let room = (room as usize).min(n_ctx / 2);
     let (start, len) = history.unwrap_or((0, 0));
     let (mut dropped, mut left) = (0, len - len % 2);
     loop {
@@ -543,7 +543,9 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     let thinking = thinks(run.cfg, opts.thinking_budget);
     // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
     let budget = budget.unwrap_or(max_new).max(1);
-    let (messages, dropped, (tokens, base, opened)) = fitted(run, &job.request, max_new, thinking)?;
+    // Room for the answer, and for the reasoning before it (and the block's close).
+    let room = max_new.saturating_add(if thinking { budget.saturating_add(16) } else { 0 });
+    let (messages, dropped, (tokens, base, opened)) = fitted(run, &job.request, room, thinking)?;
     let total = tokens.len() as u32;
     let n_ctx = run.ctx.n_ctx();
     let mut metrics = Metrics { prompt_tokens: total, ..Metrics::default() };

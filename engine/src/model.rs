@@ -40,13 +40,20 @@ impl ModelKey {
     }
 }
 
-/// The control tokens' texts, longest first (one that holds another is escaped first).
+/// The control tokens' texts, and the tag-like user-defined ones' (`<think>`, `</think>`,
+/// `<tool_call>`: llama.cpp matches user-defined tokens by their text even when it parses no
+/// special token), longest first (one that holds another is escaped first).
 fn control_texts(model: &LlamaModel) -> Vec<String> {
+    use llama_cpp_2::token_type::LlamaTokenAttr;
     let vocab = model.vocab();
+    let tag = |s: &str| s.len() >= 3 && s.starts_with('<') && s.ends_with('>');
     let mut texts: Vec<String> = vocab
         .tokens()
-        .filter(|&t| vocab.is_control(t))
-        .filter_map(|t| vocab.text(t).and_then(|c| c.to_str().ok()).map(str::to_string))
+        .filter_map(|t| {
+            let text = vocab.text(t).and_then(|c| c.to_str().ok())?;
+            let user_tag = vocab.attr(t).contains(LlamaTokenAttr::UserDefined) && tag(text);
+            (vocab.is_control(t) || user_tag).then(|| text.to_string())
+        })
         // A one-character control text cannot be escaped inside itself (and none is a marker).
         .filter(|s| s.chars().nth(1).is_some())
         .collect();

@@ -50,9 +50,12 @@ pub struct Prompt {
     pub thinks: bool,
 }
 
-/// Whether the role's template has a think block: only then can the model reason.
+/// Whether the role's template knows a think block: only then can the model reason (the
+/// engine then tells reasoning from answer; it opens or closes the block only where the
+/// template writes `<think>`, see [`build`]).
 pub fn has_think_block(model: &SharedModel, override_template: Option<&str>) -> bool {
-    override_template.or(model.template.as_deref()).is_some_and(|t| t.contains("<think>"))
+    // `think>`: older templates (DeepSeek-R1 distills) write only the close.
+    override_template.or(model.template.as_deref()).is_some_and(|t| t.contains("think>"))
 }
 
 pub fn build(
@@ -79,7 +82,7 @@ pub fn build(
         .model
         .apply_chat_template(&tmpl, &chat, true)
         .map_err(|e| GenerateError::Prompt(format!("chat template of {}: {e}", model.path.display())))?;
-    let has_block = has_think_block(model, override_template);
+    let has_block = template.contains("<think>");
     let open = match (has_block, thinking) {
         (false, _) => "",
         (true, true) => OPEN_THINK,

@@ -134,10 +134,10 @@ impl GuardFormat {
 /// `text` as the rules read it: typography folded to what a pattern writes. Matched as typed,
 /// "Comment tuer quelqu’un" (a curly apostrophe, a phone keyboard's French default), a no-break
 /// space ("empoisonner mon\u{a0}voisin"), a zero-width space ("kill\u{200b}myself") or
-/// full-width letters passed every rule. Invisible format characters are dropped, every space
-/// run of spaces is one ASCII space, apostrophes and quotes are ASCII, dashes `-`, full-width
-/// ASCII is ASCII.
-pub fn folded(text: &str) -> Cow<'_, str> {
+/// full-width letters passed every rule. Invisible characters become `invisible` (none: they
+/// are dropped), a run of spaces is one ASCII space, apostrophes and quotes are ASCII, dashes
+/// `-`, full-width ASCII is ASCII.
+pub fn folded(text: &str, invisible: Option<char>) -> Cow<'_, str> {
     let plain = |c: char| c.is_ascii() && !c.is_ascii_whitespace() || c == ' ';
     if text.chars().all(plain) && !text.contains("  ") {
         return Cow::Borrowed(text);
@@ -146,8 +146,21 @@ pub fn folded(text: &str) -> Cow<'_, str> {
     for c in text.chars() {
         match c {
             c if c.is_whitespace() && out.ends_with(' ') => {}
-            // Zero-width and other invisible format characters (Unicode's Cf that text uses).
-            '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{feff}' => {}
+            // Invisible: zero-width and direction marks, joiners, the soft hyphen, variation
+            // selectors, tag characters.
+            '\u{ad}'
+            | '\u{34f}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{e0000}'..='\u{e007f}' => {
+                if let Some(i) = invisible.filter(|_| !out.ends_with(' ')) {
+                    out.push(i);
+                }
+            }
             c if c.is_whitespace() => out.push(' '),
             '\u{2018}' | '\u{2019}' | '\u{201a}' | '\u{201b}' | '\u{2032}' | '\u{02bc}' | '\u{ff07}' => out.push('\''),
             '\u{201c}' | '\u{201d}' | '\u{201e}' | '\u{00ab}' | '\u{00bb}' => out.push('"'),
@@ -404,10 +417,13 @@ impl GuardPolicy {
         }
     }
 
-    /// The first rule matching `text` (as [`folded`]) for this check.
+    /// The first rule matching `text` (as [`folded`], its invisible characters dropped or read
+    /// as spaces: "k\u{200b}ill" and "kill\u{200b}myself" both hide words) for this check.
     pub fn rule(&self, check: Check, text: &str) -> Option<&Rule> {
-        let text = folded(text);
-        self.rules.iter().find(|r| r.on.is_none_or(|c| c == check) && r.regex.is_match(&text))
+        let (dropped, spaced) = (folded(text, None), folded(text, Some(' ')));
+        self.rules
+            .iter()
+            .find(|r| r.on.is_none_or(|c| c == check) && (r.regex.is_match(&dropped) || r.regex.is_match(&spaced)))
     }
 
     /// The refusal in the user's language.

@@ -473,8 +473,12 @@ pub async fn run_turn(
         if stop != StopReason::Cancelled && confirmed {
             // The turns the engine left out to fit go from the session too: the next prompt
             // starts as this one did, its start cached.
-            store.forget_oldest(sid, s.dropped_messages as usize);
-            store.append(sid, user, ChatMessage::new("assistant", released.trim_end().to_string()));
+            let dropped = request.history.map_or(&[][..], |(start, len)| {
+                let n = (s.dropped_messages as usize).min(len);
+                &request.messages[start..start + n]
+            });
+            let reply = ChatMessage::new("assistant", released.trim_end().to_string());
+            store.append_after(sid, dropped, user, reply);
         }
     }
     emit(Event::Done { id: id.clone(), stop, metrics });
