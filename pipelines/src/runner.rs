@@ -136,6 +136,30 @@ pub(crate) fn thinker_messages(plan: &Plan, input: &TurnInput, engines: &Engines
     messages
 }
 
+/// Characters kept of the question's start and of its end, and of the reply before the unit,
+/// when an output check does not fit the guard's context whole.
+const SHORT: usize = 600;
+
+/// `text`'s first and last `keep` characters, joined by ` … `, when it is longer than both.
+fn ends(text: &str, keep: usize) -> String {
+    let n = text.chars().count();
+    if n <= 2 * keep {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(keep).collect();
+    let rest: String = text.chars().skip(n - keep).collect();
+    format!("{head} … {rest}")
+}
+
+/// `text`'s last `keep` characters.
+fn tail(text: &str, keep: usize) -> &str {
+    let n = text.chars().count();
+    match text.char_indices().nth(n.saturating_sub(keep)) {
+        Some((i, _)) if n > keep => &text[i..],
+        _ => text,
+    }
+}
+
 type Pending<'a> = Pin<Box<dyn Future<Output = Result<Verdict, LlmError>> + Send + 'a>>;
 
 /// Run one turn of `pipeline`. Every event goes to `out`; the turn always ends with exactly one
@@ -292,11 +316,23 @@ pub async fn run_turn(
                 if pause_thinker {
                     paused = Some(kazeia_engine::RolePause::take(&think_role, role));
                 }
-                let reply = format!("{released}{}", &pending_text[..n]);
+                let (earlier, unit) = (released.clone(), pending_text[..n].to_string());
                 let (role, user_text) = (role.clone(), input.text.clone());
                 let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
                 out_check = Some(Box::pin(async move {
-                    check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c).await
+                    let reply = format!("{earlier}{unit}");
+                    match check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c.clone()).await {
+                        // The question and the reply so far do not fit the guard's context with
+                        // its instructions (a long question: a later unit's check failed the turn
+                        // mid-reply, after sentences had left). The unit is judged whole, after
+                        // the reply's last words and the question's start and end.
+                        Err(e) if e.code == ErrorCode::ContextOverflow => {
+                            let (question, before) = (ends(&user_text, SHORT), tail(&earlier, SHORT));
+                            let reply = format!("{before}{unit}");
+                            check(llm, policy, &role, Check::Output, &question, reply.trim(), reuse, c).await
+                        }
+                        other => other,
+                    }
                 }));
             }
         }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kazeia_ipc::{Event, Metrics, StopReason};
+use kazeia_ipc::{ErrorCode, Event, Metrics, StopReason};
 use kazeia_pipelines::{
     run_turn, ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateOptions,
     GenerateRequest, GuardPolicy, Label, Llm, LlmError, PrefillRequest, Prefilled, Registry, Sessions, TurnInput, Upto,
@@ -40,6 +40,8 @@ struct Scripted {
     classified: AtomicU32,
     /// The Thinker's reply, streamed a word at a time.
     reply: Vec<String>,
+    /// The longest prompt (characters) the guard's context takes: longer is `context_overflow`.
+    guard_room: usize,
 }
 
 impl Scripted {
@@ -55,7 +57,13 @@ impl Scripted {
             prefilled: Mutex::new(Vec::new()),
             classified: AtomicU32::new(0),
             reply: SENTENCES.iter().map(|s| s.to_string()).collect(),
+            guard_room: usize::MAX,
         }
+    }
+
+    fn with_guard_room(mut self, chars: usize) -> Scripted {
+        self.guard_room = chars;
+        self
     }
 
     fn replying(mut self, reply: &str) -> Scripted {
@@ -109,10 +117,14 @@ impl Llm for Scripted {
         let seen = text_of(&request.messages);
         self.guard_saw.lock().unwrap().push_str(&seen);
         self.checks.lock().unwrap().push((request.slot, seen.clone()));
+        let (tx, rx) = oneshot::channel();
+        if seen.len() > self.guard_room {
+            let _ = tx.send(Err(LlmError::new(ErrorCode::ContextOverflow, "the guard's context is full")));
+            return Ok(rx);
+        }
         let label = (self.script)(check, &seen);
         let text = self.labels.iter().find(|(_, l)| *l == label).expect("the format has the label").0.clone();
         assert!(request.labels.contains(&text), "{text:?} among {:?}", request.labels);
-        let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(Classification {
             label: text,
             scores: vec![],
@@ -223,6 +235,38 @@ async fn an_output_verdict_that_blocks_the_second_sentence_keeps_the_first_and_s
 
 /// A think stage's `system` reaches the Thinker first, before the conversation; the guard judges
 /// the user's text and the reply, never our own instructions.
+/// A long question: with the reply so far, it outgrows the guard's context after the first unit.
+/// Each later unit is judged whole, after the reply's last words and the question's start and
+/// end, and the turn goes on (it failed mid-reply with `context_overflow`, sentences gone).
+#[tokio::test]
+async fn output_checks_past_the_guards_context_judge_a_shortened_one() {
+    let question =
+        format!("Please read this. {}What is the capital of France?", "Lorem ipsum dolor sit amet. ".repeat(150));
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let first = policy.format.prompt(Check::Output, &question, SENTENCES[0].trim()).messages;
+    let llm = Scripted::new(|_, _| Label::Safe).with_guard_room(text_of(&first).len() + 10);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let input = TurnInput { text: question.clone(), ..Default::default() };
+    let pipeline = Registry::builtin().get("guarded-chat").unwrap().clone();
+    run_turn(&pipeline, input, Engines { llm: &llm, policy: &policy, sessions: None }, CancellationToken::new(), tx)
+        .await;
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let sentences: Vec<String> = events
+        .iter()
+        .filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.clone()) } else { None })
+        .collect();
+    assert_eq!(sentences, SENTENCES.map(|s| s.trim().to_string()), "{events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Eos, .. })), "{events:?}");
+    // The later units' checks saw the question shortened, each unit whole.
+    let checks = llm.checks.lock().unwrap().clone();
+    let shortened: Vec<&String> = checks.iter().map(|(_, t)| t).filter(|t| t.contains(" … ")).collect();
+    assert_eq!(shortened.len(), 2, "{checks:?}");
+    assert!(shortened[0].contains(SENTENCES[1].trim()) && shortened[1].contains(SENTENCES[2].trim()));
+}
+
 #[tokio::test]
 async fn the_think_stages_system_prompt_goes_to_the_thinker_only() {
     let system = "You are Kazeia. Answer briefly.";
