@@ -64,8 +64,78 @@ pub struct Verdict {
 }
 
 /// One guard check: the rule layer, then the model (one pass), then categories when it blocks.
+/// A question longer than the guard's context is judged in parts, halved until each fits, and
+/// the worst verdict stands (it failed with `context_overflow`: a pasted article could not be
+/// asked about through a guarded pipeline, the device's guard holding 2048 tokens).
 #[allow(clippy::too_many_arguments)]
 pub async fn check(
+    llm: &dyn Llm,
+    policy: &GuardPolicy,
+    role: &str,
+    check: Check,
+    user: &str,
+    reply: &str,
+    reuse_cache: bool,
+    cancel: CancellationToken,
+) -> Result<Verdict, LlmError> {
+    let t = Instant::now();
+    let overflow = match check_once(llm, policy, role, check, user, reply, reuse_cache, cancel.clone()).await {
+        Err(e) if e.code == ErrorCode::ContextOverflow && check == Check::Input => e,
+        other => return other,
+    };
+    let mut parts: VecDeque<String> = halves(user).into();
+    let mut worst: Option<Verdict> = None;
+    while let Some(part) = parts.pop_front() {
+        match check_once(llm, policy, role, check, &part, reply, reuse_cache, cancel.clone()).await {
+            Ok(v) => {
+                let blocks = policy.blocks(v.label);
+                worst = Some(match worst {
+                    Some(w) if severity(w.label) >= severity(v.label) => w,
+                    _ => v,
+                });
+                if blocks {
+                    break;
+                }
+            }
+            Err(e) if e.code == ErrorCode::ContextOverflow => match halves(&part) {
+                [a, b] if !a.is_empty() && !b.is_empty() => {
+                    parts.push_front(b);
+                    parts.push_front(a);
+                }
+                _ => return Err(overflow),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    let mut v = worst.ok_or(overflow)?;
+    v.ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(v)
+}
+
+/// How much a label blocks: the worst of a question's parts stands.
+fn severity(label: Label) -> u8 {
+    match label {
+        Label::Safe => 0,
+        Label::Controversial => 1,
+        Label::Unsafe => 2,
+    }
+}
+
+/// `text` in two at the space nearest its middle (its middle character without one).
+fn halves(text: &str) -> [String; 2] {
+    let mid = text.char_indices().nth(text.chars().count() / 2).map_or(text.len(), |(i, _)| i);
+    let at = match (text[..mid].rfind(char::is_whitespace), text[mid..].find(char::is_whitespace)) {
+        (Some(b), Some(a)) if mid - b <= a => b,
+        (_, Some(a)) => mid + a,
+        (Some(b), None) => b,
+        (None, None) => mid,
+    };
+    [text[..at].trim().to_string(), text[at..].trim().to_string()]
+}
+
+/// [`check`], in one pass.
+#[allow(clippy::too_many_arguments)]
+async fn check_once(
     llm: &dyn Llm,
     policy: &GuardPolicy,
     role: &str,

@@ -267,6 +267,55 @@ async fn output_checks_past_the_guards_context_judge_a_shortened_one() {
     assert!(shortened[0].contains(SENTENCES[1].trim()) && shortened[1].contains(SENTENCES[2].trim()));
 }
 
+/// A question longer than the guard's context is judged in parts that fit, the worst verdict
+/// standing: whole, it failed with `context_overflow`.
+#[tokio::test]
+async fn a_question_past_the_guards_context_is_judged_in_parts() {
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let filler = "Lorem ipsum dolor sit amet. ".repeat(60);
+    let room = text_of(&policy.format.prompt(Check::Input, &filler, "").messages).len();
+    for (bad, blocked) in [(false, false), (true, true)] {
+        let middle = if bad { "PART-BAD " } else { "" };
+        let question = format!("{filler}{filler}{middle}{filler}{filler}What is the capital of France?");
+        let llm =
+            Scripted::new(
+                |check, seen| {
+                    if check == Check::Input && seen.contains("PART-BAD") {
+                        Label::Unsafe
+                    } else {
+                        Label::Safe
+                    }
+                },
+            )
+            .with_guard_room(room);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let input = TurnInput { text: question, ..Default::default() };
+        let pipeline = Registry::builtin().get("guarded-chat").unwrap().clone();
+        run_turn(
+            &pipeline,
+            input,
+            Engines { llm: &llm, policy: &policy, sessions: None },
+            CancellationToken::new(),
+            tx,
+        )
+        .await;
+        let mut events = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            events.push(e);
+        }
+        let stop = match events.last() {
+            Some(Event::Done { stop, .. }) => *stop,
+            other => panic!("{other:?}\n{events:?}"),
+        };
+        assert_eq!(stop == StopReason::Blocked, blocked, "{events:?}");
+        // The guard answered parts that fitted its context, the whole having overflowed.
+        let checks = llm.checks.lock().unwrap().clone();
+        let inputs: Vec<usize> =
+            checks.iter().filter(|(s, _)| *s == Check::Input.slot()).map(|(_, t)| t.len()).collect();
+        assert!(inputs[0] > room && inputs.iter().filter(|&&n| n <= room).count() >= 2, "{inputs:?} against {room}");
+    }
+}
+
 #[tokio::test]
 async fn the_think_stages_system_prompt_goes_to_the_thinker_only() {
     let system = "You are Kazeia. Answer briefly.";
