@@ -69,10 +69,14 @@ pub fn dispatch(c: &mut Conn, body: &[u8]) {
         Err(e) => return c.out.error(e.id, e.code, e.message),
         Ok(r) => r,
     };
-    // Every event of a request carries its id: a status, load, unload or subscribe under the id
-    // of a running turn would be mistaken for that turn's. (`cancel`'s id names its target.)
-    if let Request::Status { id } | Request::Load { id, .. } | Request::Unload { id, .. } | Request::Subscribe { id } =
-        &req
+    // Every event of a request carries its id: a request under the id of a running turn or
+    // subscription would be mistaken for it. (`cancel`'s id names its target; a turn's is checked
+    // again by the supervisor, under the lock that registers it.)
+    if let Request::Status { id }
+    | Request::Load { id, .. }
+    | Request::Unload { id, .. }
+    | Request::Subscribe { id }
+    | Request::Turn { id, .. } = &req
     {
         if c.running(id) {
             let msg = format!("request {id:?} is already running");

@@ -10,11 +10,6 @@ use crate::turns::{self, AudioSource};
 
 pub fn turn(c: &mut Conn, request: TurnRequest) {
     let id = request.id.clone();
-    // Under a subscription's id, a turn's events would be taken for its pushes (the supervisor
-    // checks the turns).
-    if c.subscriptions.get(&id).is_some_and(|s| s.running()) {
-        return c.out.notice(Some(id.clone()), ErrorCode::DuplicateId, format!("request {id:?} is already running"));
-    }
     let spec = request.audio.clone();
     let turn = match c.sup.begin_turn(c.who, request, &c.cancel) {
         Ok(t) => t,
