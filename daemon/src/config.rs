@@ -659,13 +659,15 @@ impl Config {
             models.push(m);
         }
         let daemon = raw.daemon;
-        let daemon_line = |key: &str| line_of(text, text.find(key).or_else(|| text.find("[daemon")).unwrap_or(0));
+        // The line of `key`, else of its section's header.
+        let key_line =
+            |key: &str, section: &str| line_of(text, text.find(key).or_else(|| text.find(section)).unwrap_or(0));
         // The daemon's own frames must fit: 100 ms of a 48 kHz voice is 9.6 KB, an error 1 KiB
         // of message and its id; under that a voice turn closed its connection.
         if daemon.max_frame < MIN_FRAME || daemon.connection_buffer == 0 {
             let key = if daemon.max_frame < MIN_FRAME { "max_frame" } else { "connection_buffer" };
             return Err(invalid(
-                daemon_line(key),
+                key_line(key, "[daemon"),
                 format!("[daemon]: key `max_frame` must be >= {MIN_FRAME} and `connection_buffer` > 0"),
             ));
         }
@@ -676,24 +678,19 @@ impl Config {
             ("queue_per_model", daemon.queue_per_model as u64),
         ] {
             if n == 0 {
-                return Err(invalid(daemon_line(key), format!("[daemon]: key `{key}` must be at least 1")));
+                return Err(invalid(key_line(key, "[daemon"), format!("[daemon]: key `{key}` must be at least 1")));
             }
         }
         let sp = &raw.speech;
         if !(sp.no_speech_threshold > 0.0 && sp.no_speech_threshold <= 1.0) {
-            let at = text.find("no_speech_threshold").or_else(|| text.find("[speech"));
             return Err(invalid(
-                line_of(text, at.unwrap_or(0)),
+                key_line("no_speech_threshold", "[speech"),
                 "[speech]: key `no_speech_threshold` must be in (0, 1]".into(),
             ));
         }
         for (key, margin) in [("partial_margin", sp.partial_margin), ("turn_margin", sp.turn_margin)] {
             if !(Duration::from_secs(5)..=Duration::from_secs(30)).contains(&margin) {
-                let at = text.find(key).or_else(|| text.find("[speech"));
-                return Err(invalid(
-                    line_of(text, at.unwrap_or(0)),
-                    format!("[speech]: key `{key}` must be from 5s to 30s"),
-                ));
+                return Err(invalid(key_line(key, "[speech"), format!("[speech]: key `{key}` must be from 5s to 30s")));
             }
         }
         // `cut_languages` as written is checked (the default drops the languages a config does
@@ -705,23 +702,23 @@ impl Config {
             .chain(sp.languages.iter().map(|l| ("languages", l)))
             .find(|(_, l)| !code(l))
         {
-            let at = text.find(key).or_else(|| text.find("[speech"));
             return Err(invalid(
-                line_of(text, at.unwrap_or(0)),
+                key_line(key, "[speech"),
                 format!("[speech]: key `{key}`: {l:?} is not a Whisper language code (`fr`, `en`, …; `language` may be \"auto\")"),
             ));
         }
         let written = sp.cut_languages.iter().flatten();
         if let Some(l) = written.into_iter().find(|l| !code(l) || !sp.speaks(l)) {
-            let at = text.find("cut_languages").or_else(|| text.find("[speech"));
             return Err(invalid(
-                line_of(text, at.unwrap_or(0)),
+                key_line("cut_languages", "[speech"),
                 format!("[speech]: key `cut_languages`: {l:?} is not a language code in `languages` or `language`"),
             ));
         }
         if !(0.0..1.0).contains(&sp.vad_quiet) {
-            let at = text.find("vad_quiet").or_else(|| text.find("[speech"));
-            return Err(invalid(line_of(text, at.unwrap_or(0)), "[speech]: key `vad_quiet` must be in [0, 1)".into()));
+            return Err(invalid(
+                key_line("vad_quiet", "[speech"),
+                "[speech]: key `vad_quiet` must be in [0, 1)".into(),
+            ));
         }
         if !(sp.turn_threshold > 0.0 && sp.turn_threshold < 1.0) || sp.turn_max_silence < sp.turn_pause {
             let at =
@@ -733,17 +730,12 @@ impl Config {
         }
         for (key, value) in [("audio_idle", sp.audio_idle), ("max_utterance", sp.max_utterance)] {
             if value < Duration::from_secs(1) {
-                let at = text.find(key).or_else(|| text.find("[speech"));
-                return Err(invalid(
-                    line_of(text, at.unwrap_or(0)),
-                    format!("[speech]: key `{key}` must be at least 1 s"),
-                ));
+                return Err(invalid(key_line(key, "[speech"), format!("[speech]: key `{key}` must be at least 1 s")));
             }
         }
         if sp.draft_ahead >= sp.pause() {
-            let at = text.find("draft_ahead").or_else(|| text.find("[speech"));
             return Err(invalid(
-                line_of(text, at.unwrap_or(0)),
+                key_line("draft_ahead", "[speech"),
                 format!(
                     "[speech]: key `draft_ahead` ({} ms; \"0s\" turns it off) must be shorter than the pause (`turn_pause`, or `vad_silence` when `turn = \"\"`)",
                     sp.draft_ahead.as_millis()
