@@ -58,17 +58,8 @@ pub async fn ask(args: AskArgs) -> Exit {
     if plan.as_ref().is_some_and(|p| p.speak && !p.has_text_stages() && !p.transcribe) && args.out.is_none() {
         return usage(&printer, format!("{pipeline} only speaks: give --out FILE.wav"));
     }
-    // A pipeline that does not speak would leave --out an empty WAV (an existing file lost).
-    if plan.as_ref().is_some_and(|p| !p.speak) && args.out.is_some() {
-        return usage(
-            &printer,
-            format!("{pipeline} does not speak: --out would get no audio (speaking pipelines: voice, speak)"),
-        );
-    }
-    if let Some(out) = &args.out {
-        if let Err(e) = super::check_writable(out, "the spoken reply") {
-            return usage(&printer, e);
-        }
+    if let Err(e) = super::check_out(args.out.as_deref(), &pipeline, plan.as_ref().map(|p| p.speak)) {
+        return usage(&printer, e);
     }
 
     let Some(client) = connect(&args.client, &printer).await else { return Exit::Failed };

@@ -74,6 +74,17 @@ pub fn check_writable(path: &std::path::Path, what: &str) -> Result<(), String> 
     crate::output::check_writable(path).map_err(|e| format!("cannot write {what} to {}: {e}", path.display()))
 }
 
+/// `--out`, the spoken reply's file, before any work: writable, and given only to a pipeline
+/// that speaks (`speaks`: None for a pipeline only the daemon knows). One that does not speak
+/// left an empty WAV there, an existing file lost.
+pub fn check_out(out: Option<&std::path::Path>, pipeline: &str, speaks: Option<bool>) -> Result<(), String> {
+    let Some(out) = out else { return Ok(()) };
+    if speaks == Some(false) {
+        return Err(format!("{pipeline} does not speak: --out would get no audio (speaking pipelines: voice, speak)"));
+    }
+    check_writable(out, "the spoken reply")
+}
+
 /// Set once Ctrl-C was seen: the command then exits 130 after the daemon has ended its turn.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

@@ -70,14 +70,8 @@ pub async fn run(mut args: RunArgs) -> Exit {
     if plan.speak && args.out.is_none() {
         return usage(format!("{name} speaks: give --out FILE.wav"));
     }
-    // A pipeline that does not speak would leave --out an empty WAV (an existing file lost).
-    if !plan.speak && args.out.is_some() {
-        return usage(format!("{name} does not speak: --out would get no audio (speaking pipelines: voice, speak)"));
-    }
-    if let Some(out) = &args.out {
-        if let Err(e) = super::check_writable(out, "the spoken reply") {
-            return usage(e);
-        }
+    if let Err(e) = super::check_out(args.out.as_deref(), name, Some(plan.speak)) {
+        return usage(e);
     }
     let printer = printer.for_plan(&plan);
     let samples = match &args.audio {
