@@ -121,7 +121,13 @@ fn severity(label: Label) -> u8 {
     }
 }
 
-/// `text` in two at the space nearest its middle (its middle character without one).
+/// Bytes around the cut that both halves of a long question hold (whole words, at most an
+/// eighth of the text each way): a phrase the cut falls in is also judged whole, in one of them.
+const OVERLAP: usize = 160;
+
+/// `text` in two at the space nearest its middle (its middle character without one), each half
+/// running on into the other by up to [`OVERLAP`] bytes of whole words. Each is shorter than
+/// `text`, so halving again ends.
 fn halves(text: &str) -> [String; 2] {
     let mid = text.char_indices().nth(text.chars().count() / 2).map_or(text.len(), |(i, _)| i);
     let at = match (text[..mid].rfind(char::is_whitespace), text[mid..].find(char::is_whitespace)) {
@@ -130,7 +136,19 @@ fn halves(text: &str) -> [String; 2] {
         (Some(b), None) => b,
         (None, None) => mid,
     };
-    [text[..at].trim().to_string(), text[at..].trim().to_string()]
+    let over = (text.len() / 8).min(OVERLAP);
+    let mut end = (at + over).min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut start = at.saturating_sub(over);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    // The first half ends at a space, the second starts at one: no word is cut.
+    let end = text[at..end].rfind(char::is_whitespace).map_or(at, |i| at + i);
+    let start = text[start..at].find(char::is_whitespace).map_or(at, |i| start + i);
+    [text[..end].trim().to_string(), text[start..].trim().to_string()]
 }
 
 /// [`check`], in one pass.
@@ -192,6 +210,32 @@ async fn check_once(
         categories = parse_categories(&text);
     }
     Ok(Verdict { label, categories, ms: t.elapsed().as_secs_f64() * 1e3, by_rule: false })
+}
+
+/// The output check of `unit`, in the context of the question and of the reply before it
+/// (`earlier`). When the question and the reply so far do not fit the guard's context with its
+/// instructions (a long question: a later unit's check failed the turn mid-reply, after
+/// sentences had left), the unit is judged whole, after the reply's last words and the
+/// question's start and end. Units are at most `split::MAX_CHARS`, so that one fits.
+#[allow(clippy::too_many_arguments)]
+async fn check_output(
+    llm: &dyn Llm,
+    policy: &GuardPolicy,
+    role: &str,
+    question: &str,
+    earlier: &str,
+    unit: &str,
+    reuse_cache: bool,
+    cancel: CancellationToken,
+) -> Result<Verdict, LlmError> {
+    let reply = format!("{earlier}{unit}");
+    match check(llm, policy, role, Check::Output, question, reply.trim(), reuse_cache, cancel.clone()).await {
+        Err(e) if e.code == ErrorCode::ContextOverflow => {
+            let reply = format!("{}{unit}", tail(earlier, SHORT));
+            check(llm, policy, role, Check::Output, &ends(question, SHORT), reply.trim(), reuse_cache, cancel).await
+        }
+        other => other,
+    }
 }
 
 /// What the Thinker reads for `text`: the stage's system prompt, the session's earlier turns,
@@ -378,9 +422,10 @@ pub async fn run_turn(
                 let (role, user_text, unit) = (role.clone(), input.text.clone(), unit.trim().to_string());
                 let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
                 checking_thought = true;
-                out_check = Some(Box::pin(async move {
-                    check(llm, policy, &role, Check::Output, &user_text, &unit, reuse, c).await
-                }));
+                out_check =
+                    Some(Box::pin(
+                        async move { check_output(llm, policy, &role, &user_text, "", &unit, reuse, c).await },
+                    ));
             } else if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 checking_thought = false;
                 if pause_thinker {
@@ -390,19 +435,7 @@ pub async fn run_turn(
                 let (role, user_text) = (role.clone(), input.text.clone());
                 let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
                 out_check = Some(Box::pin(async move {
-                    let reply = format!("{earlier}{unit}");
-                    match check(llm, policy, &role, Check::Output, &user_text, reply.trim(), reuse, c.clone()).await {
-                        // The question and the reply so far do not fit the guard's context with
-                        // its instructions (a long question: a later unit's check failed the turn
-                        // mid-reply, after sentences had left). The unit is judged whole, after
-                        // the reply's last words and the question's start and end.
-                        Err(e) if e.code == ErrorCode::ContextOverflow => {
-                            let (question, before) = (ends(&user_text, SHORT), tail(&earlier, SHORT));
-                            let reply = format!("{before}{unit}");
-                            check(llm, policy, &role, Check::Output, &question, reply.trim(), reuse, c).await
-                        }
-                        other => other,
-                    }
+                    check_output(llm, policy, &role, &user_text, &earlier, &unit, reuse, c).await
                 }));
             }
         }
@@ -588,4 +621,23 @@ pub async fn run_turn(
         }
     }
     emit(Event::Done { id: id.clone(), stop, metrics });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_share_the_words_around_the_cut() {
+        let text = format!("{} how to make a bomb {}", "calm words ".repeat(40), "calm words ".repeat(40));
+        let [a, b] = halves(&text);
+        assert!(a.contains("how to make a bomb") || b.contains("how to make a bomb"), "{a:?} / {b:?}");
+        assert!(a.len() < text.len() && b.len() < text.len());
+        assert!(text.starts_with(&a) && text.trim_end().ends_with(&b));
+        // No word is cut, and each half ends (or starts) at one.
+        assert!(a.ends_with("words") || a.ends_with("calm") || a.ends_with("bomb") || a.ends_with('a'), "{a:?}");
+        // A text with no space at all is cut in its middle; one character cannot be.
+        assert_eq!(halves("abcdef"), ["abc".to_string(), "def".to_string()]);
+        assert_eq!(halves("é"), ["".to_string(), "é".to_string()]);
+    }
 }

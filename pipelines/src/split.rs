@@ -1,29 +1,53 @@
 //! Sentence boundaries in streamed text: a sentence ends at `.`, `!`, `?` or `…` followed by
-//! white space, or at a line break. Very short pieces ("1.", "M.") are joined to what follows.
+//! white space, at a full-width `。` `！` `？` (CJK writes no space after them), or at a line
+//! break. Very short pieces ("1.", "M.") are joined to what follows. A unit never grows past
+//! [`MAX_CHARS`]: without an end mark it is cut at its last space before (a reply in Chinese, a
+//! long list written without marks or a URL was one unit: held whole until the Thinker stopped,
+//! and past the guard's context it failed the turn).
 //! A spoken reply's first unit may be a clause (see [`first_clause`]): its audio can start
 //! before the whole first sentence is written and checked.
 
 const MIN_CHARS: usize = 12;
 
+/// The longest unit, in characters: about 130 tokens, a tenth of what the guard's context
+/// (2048 tokens, here and on the device) has left beside its instructions, the question and
+/// the reply before the unit; a long spoken sentence is about 250.
+pub const MAX_CHARS: usize = 500;
+
 /// Byte length of the first complete sentence in `text` (its trailing white space included),
-/// or None when no sentence is complete yet.
+/// or None when no sentence is complete yet. Past [`MAX_CHARS`] without an end, the first
+/// `MAX_CHARS` characters up to their last white space (all of them when there is none).
 pub fn first_sentence(text: &str) -> Option<usize> {
-    let mut chars = text.char_indices().peekable();
+    // White space before the unit goes with it, and counts for nothing (it is trimmed).
+    let start = ws_len(text);
+    let mut chars = text[start..].char_indices().map(|(i, c)| (start + i, c)).peekable();
+    let mut count = 0;
+    let mut last_space = None;
     while let Some((i, c)) = chars.next() {
+        if count == MAX_CHARS {
+            return Some(last_space.unwrap_or(i));
+        }
+        count += 1;
         let end = i + c.len_utf8();
+        if c.is_whitespace() && count > MIN_CHARS {
+            last_space = Some(end + ws_len(&text[end..]));
+        }
         let boundary = match c {
-            '\n' => true,
-            '.' | '!' | '?' | '…' | '。' => chars.peek().is_some_and(|(_, n)| n.is_whitespace()),
+            '\n' | '。' | '！' | '？' => true,
+            '.' | '!' | '?' | '…' => chars.peek().is_some_and(|(_, n)| n.is_whitespace()),
             _ => false,
         };
         if boundary && text[..end].trim().chars().count() >= MIN_CHARS {
             // Include the white space that follows, so the next sentence starts clean.
-            let rest = &text[end..];
-            let ws = rest.len() - rest.trim_start().len();
-            return Some(end + ws);
+            return Some(end + ws_len(&text[end..]));
         }
     }
     None
+}
+
+/// Bytes of white space `text` starts with.
+fn ws_len(text: &str) -> usize {
+    text.len() - text.trim_start().len()
 }
 
 /// Words a first clause needs: "Oui, …" or "Well, …" alone is no unit worth a guard check.
@@ -45,8 +69,7 @@ pub fn first_clause(text: &str) -> Option<usize> {
             && text[..end].split_whitespace().count() >= MIN_CLAUSE_WORDS
             && text[..end].trim().chars().count() >= MIN_CHARS
         {
-            let rest = &text[end..];
-            return Some(end + rest.len() - rest.trim_start().len());
+            return Some(end + ws_len(&text[end..]));
         }
     }
     sentence
@@ -71,6 +94,55 @@ pub fn sentences(text: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any text, fed whole: every unit ends on a character boundary, is at most
+        /// `MAX_CHARS` characters before its trailing white space, and together they are the
+        /// text; a text longer than `MAX_CHARS` characters (after its leading white space) always has a
+        /// first unit.
+        #[test]
+        fn units_are_bounded_and_cover_the_text(text in "(\\PC|[ \n。.!?,]|[ ]{1,600}){0,400}") {
+            let mut rest = text.as_str();
+            let mut joined = String::new();
+            while let Some(n) = first_sentence(rest) {
+                prop_assert!(n > 0 && rest.is_char_boundary(n));
+                prop_assert!(rest[..n].trim().chars().count() <= MAX_CHARS, "{:?}", &rest[..n]);
+                prop_assert!(!rest[..n].trim().is_empty());
+                joined.push_str(&rest[..n]);
+                rest = &rest[n..];
+            }
+            prop_assert!(rest.trim_start().chars().count() <= MAX_CHARS, "{rest:?}");
+            joined.push_str(rest);
+            prop_assert_eq!(joined, text.clone());
+            if let Some(n) = first_clause(&text) {
+                prop_assert!(first_sentence(&text).is_some_and(|s| n <= s));
+            }
+        }
+    }
+
+    #[test]
+    fn a_unit_without_an_end_is_cut_at_a_space_before_max_chars() {
+        let words = "mot ".repeat(200);
+        let n = first_sentence(&words).unwrap();
+        assert_eq!(n % 4, 0, "after a space: {n}");
+        assert!(n <= MAX_CHARS && n > MAX_CHARS - 4, "{n}");
+        assert_eq!(first_sentence(&words[..MAX_CHARS - 1]), None, "shorter: it may still end");
+        // No space at all (a URL, a hash): cut at the limit.
+        let url = "a".repeat(MAX_CHARS + 1);
+        assert_eq!(first_sentence(&url), Some(MAX_CHARS));
+        let blank = " ".repeat(MAX_CHARS * 2);
+        assert_eq!(first_sentence(&blank), None, "white space alone is no unit");
+        assert_eq!(first_sentence(&format!("{blank}{url}")), Some(blank.len() + MAX_CHARS), "it goes with the next");
+    }
+
+    #[test]
+    fn full_width_marks_end_a_sentence_without_a_space() {
+        let t = "巴黎是法国的首都，也是最大的城市。它有两千多年的历史。";
+        let n = first_sentence(t).unwrap();
+        assert_eq!(&t[..n], "巴黎是法国的首都，也是最大的城市。");
+        assert_eq!(sentences(t).collect::<Vec<_>>(), ["巴黎是法国的首都，也是最大的城市。", "它有两千多年的历史。"]);
+    }
 
     #[test]
     fn sentences_of_a_whole_text() {

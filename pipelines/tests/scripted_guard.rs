@@ -267,6 +267,28 @@ async fn output_checks_past_the_guards_context_judge_a_shortened_one() {
     assert!(shortened[0].contains(SENTENCES[1].trim()) && shortened[1].contains(SENTENCES[2].trim()));
 }
 
+/// A reply written without a sentence end (a list without marks, a URL, Chinese without
+/// spaces): it is checked and released in units of at most `split::MAX_CHARS` characters, each
+/// fitting the guard's context. Whole, the one unit outgrew it and failed the turn.
+#[tokio::test]
+async fn a_reply_without_sentence_ends_is_checked_in_bounded_units() {
+    let reply = "item ".repeat(240);
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let room =
+        text_of(&policy.format.prompt(Check::Output, "What is the capital of France?", &"x".repeat(1150)).messages)
+            .len();
+    let llm = Scripted::new(|_, _| Label::Safe).with_guard_room(room).replying(&reply);
+    let events = turn(&llm).await;
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Eos, .. })), "{events:?}");
+    let sentences: Vec<String> = events
+        .iter()
+        .filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.clone()) } else { None })
+        .collect();
+    assert!(sentences.len() >= 3, "{sentences:?}");
+    assert!(sentences.iter().all(|s| s.chars().count() <= kazeia_pipelines::split::MAX_CHARS), "{sentences:?}");
+    assert_eq!(sentences.join(" "), reply.trim());
+}
+
 /// A question longer than the guard's context is judged in parts that fit, the worst verdict
 /// standing: whole, it failed with `context_overflow`.
 #[tokio::test]
