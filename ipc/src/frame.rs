@@ -60,6 +60,10 @@ pub enum InvalidFrame {
     UnknownKind(u8),
     #[error("malformed audio frame: {0}")]
     BadAudio(&'static str),
+    /// An id as a request's could not be: not echoed (it is the problem), and a 64 KiB one
+    /// would have been, in each answer to each frame.
+    #[error("audio frame id {0}")]
+    BadId(&'static str),
 }
 
 /// Errors after which the stream cannot go on.
@@ -146,6 +150,9 @@ fn decode_audio(mut b: Bytes) -> Result<AudioFrame, InvalidFrame> {
         return Err(InvalidFrame::BadAudio("header shorter than its id length says"));
     }
     let id = String::from_utf8(b.split_to(id_len).to_vec()).map_err(|_| InvalidFrame::BadAudio("id is not UTF-8"))?;
+    if let Some(why) = crate::request::bad_name(&id) {
+        return Err(InvalidFrame::BadId(why));
+    }
     let sample_rate = b.get_u32();
     let channels = b.get_u8();
     let flags = b.get_u8();
@@ -197,7 +204,7 @@ mod tests {
     fn arb_frame() -> impl Strategy<Value = Frame> {
         prop_oneof![
             proptest::collection::vec(any::<u8>(), 0..300).prop_map(|b| Frame::Json(Bytes::from(b))),
-            ("[a-z0-9-]{0,12}", 1u32..96_000, 1u8..3, any::<bool>(), proptest::collection::vec(any::<i16>(), 0..200))
+            ("[a-z0-9-]{1,12}", 1u32..96_000, 1u8..3, any::<bool>(), proptest::collection::vec(any::<i16>(), 0..200))
                 .prop_map(|(id, sample_rate, channels, last, samples)| {
                     let mut pcm: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
                     pcm.truncate(pcm.len() / (2 * channels as usize) * 2 * channels as usize);
@@ -376,6 +383,9 @@ mod tests {
                     rest.extend(pcm);
                     let (id, tail) = rest.split_at(*id_len as usize);
                     let Ok(id) = String::from_utf8(id.to_vec()) else { return bad("id is not UTF-8") };
+                    if let Some(why) = crate::request::bad_name(&id) {
+                        return Outcome::Invalid(InvalidFrame::BadId(why));
+                    }
                     let rate = u32::from_be_bytes(tail[..4].try_into().unwrap());
                     let (channels, flags, pcm) = (tail[4], tail[5], &tail[6..]);
                     if channels == 0 || rate == 0 {
@@ -471,6 +481,18 @@ mod tests {
         buf.put_u32(body.len() as u32);
         buf.put_slice(&body);
         assert!(matches!(c.decode(&mut buf), Ok(Some(Frame::Invalid(InvalidFrame::BadAudio(_))))));
+        // An id a request could not have: empty, over 128 bytes, a control character.
+        for id in [&b""[..], &[b'x'; 129][..], &b"a\x01"[..]] {
+            let mut body = vec![0x02u8];
+            body.extend((id.len() as u16).to_be_bytes());
+            body.extend(id);
+            body.extend([0, 0, 0x3e, 0x80, 1, 0]);
+            let mut buf = BytesMut::new();
+            buf.put_u32(body.len() as u32);
+            buf.put_slice(&body);
+            let bad = FrameCodec::new(1024).decode(&mut buf);
+            assert!(matches!(bad, Ok(Some(Frame::Invalid(InvalidFrame::BadId(_))))), "{id:?}");
+        }
         // The boundary was kept: the next frame decodes.
         c.encode(Frame::Json(Bytes::from_static(b"{}")), &mut buf).unwrap();
         assert!(matches!(c.decode(&mut buf), Ok(Some(Frame::Json(_)))));

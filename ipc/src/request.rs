@@ -117,7 +117,7 @@ pub const MAX_ID_BYTES: usize = 128;
 
 /// Why a client-chosen name (a request id, a session) is refused: ids end up in logs and
 /// events, so they are short and printable (a NUL in an id once panicked a worker).
-fn bad_name(s: &str) -> Option<&'static str> {
+pub(crate) fn bad_name(s: &str) -> Option<&'static str> {
     if s.is_empty() {
         Some("must not be empty")
     } else if s.len() > MAX_ID_BYTES {

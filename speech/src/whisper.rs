@@ -137,9 +137,14 @@ impl Transcript {
     /// Whisper's own rule for a window it heard nothing in (openai-whisper and faster-whisper
     /// skip such a window): `<|nocaptions|>` over `threshold` (their default 0.6) and the text
     /// decoded with little confidence (mean log-probability under -1). The confidence clause
-    /// keeps clear speech that merely starts oddly.
+    /// keeps clear speech that merely starts oddly. No text is no speech too: over 30 s, only
+    /// the VAD's utterances are transcribed, and a click then 35 s of silence had none (an
+    /// empty transcript was answered as a question). So is a figure that is not a number.
     pub fn is_no_speech(&self, threshold: f32) -> bool {
-        self.no_speech_prob > threshold && self.avg_logprob < -1.0
+        self.text.trim().is_empty()
+            || self.no_speech_prob.is_nan()
+            || self.avg_logprob.is_nan()
+            || (self.no_speech_prob > threshold && self.avg_logprob < -1.0)
     }
 }
 

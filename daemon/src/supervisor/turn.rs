@@ -125,7 +125,7 @@ impl Supervisor {
             }
             // Over 384 kHz no microphone: a rate near u32::MAX made every frame 0 samples at
             // 16 kHz, a turn that heard frames and never a sound.
-            (_, Some(a), true) if !(8_000..=384_000).contains(&a.sample_rate) || a.channels == 0 => {
+            (_, Some(a), true) if !kazeia_speech::audio::RATES.contains(&a.sample_rate) || a.channels == 0 => {
                 return refuse(ErrorCode::BadRequest, "audio: sample_rate from 8000 to 384000 and channels >= 1".into())
             }
             (_, Some(_), false) => {

@@ -532,7 +532,8 @@ fn whisper_says_when_it_heard_no_speech() {
             ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.02
         })
         .collect();
-    for (name, clip) in [("silence", silence(2.0)), ("hiss", hiss)] {
+    // Past 30 s only the VAD's utterances are transcribed: none, no text, no speech.
+    for (name, clip) in [("silence", silence(2.0)), ("hiss", hiss), ("31 s of silence", silence(31.0))] {
         let t = stt.transcribe(&clip, Some("en"), &[], &|| false).unwrap();
         eprintln!("{name}: {:?} no_speech {:.3} logprob {:.2}", t.text, t.no_speech_prob, t.avg_logprob);
         assert!(t.is_no_speech(th), "{name}: {t:?}");
