@@ -215,6 +215,7 @@ impl Run<'_, '_> {
     ) -> Result<Prefilled, GenerateError> {
         let t = Instant::now();
         self.judge_restored(tokens);
+        self.make_room(tokens.len() + SLOT_MARGIN);
         let seq = self.seq;
         let cached = self.cache.seq(seq as usize);
         let common = cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
@@ -322,6 +323,42 @@ impl Run<'_, '_> {
             start = end;
         }
         Ok(Prefilled { decoded, cached: keep as u32, logits_idx, cancelled: false, secs: t.elapsed().as_secs_f64() })
+    }
+
+    /// Cells the other slots hold: a role with several shares its `n_ctx` cells among them (a
+    /// unified KV cache). Counted whole, a prefix shared with this slot too: on the safe side,
+    /// where a miscount costs a prefill, not a failed decode.
+    fn others_len(&self) -> usize {
+        if self.cfg.cache_slots <= 1 {
+            return 0;
+        }
+        let seq = self.seq as usize;
+        self.cache.seqs.iter().enumerate().filter(|(s, _)| *s != seq).map(|(_, t)| t.len()).sum()
+    }
+
+    /// Make `need` cells free for this slot: when the other slots hold too many, they give
+    /// theirs up. Each prompt was only checked against `n_ctx` alone, so a guard's input and
+    /// output checks of a long question (~700 tokens, on the device's 2048) had no cell left
+    /// for the second: llama.cpp's decode failed, an `engine` error mid-reply, again at each
+    /// long check while the other slot held its cells.
+    fn make_room(&mut self, need: usize) {
+        let n_ctx = self.ctx.n_ctx() as usize;
+        let others = self.others_len();
+        if others == 0 || others + need <= n_ctx {
+            return;
+        }
+        tracing::debug!(role = %self.cfg.role, slot = self.seq, others, need, n_ctx, "the other slots give up their cells");
+        let seq = self.seq as usize;
+        for s in (0..self.cache.seqs.len()).filter(|&s| s != seq) {
+            if !self.ctx.clear_kv_cache_seq(Some(s as u32), None, None).unwrap_or(false) {
+                self.ctx.clear_kv_cache();
+                self.cache.seqs.iter_mut().for_each(Vec::clear);
+                self.cache.checkpoints.iter_mut().for_each(Vec::clear);
+                return;
+            }
+            self.cache.seq(s).clear();
+            self.cache.checkpoints(s).clear();
+        }
     }
 
     /// Decode one token at the end of the context.
@@ -556,6 +593,8 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     // there as the sequence's checkpoint: the next turn of the conversation departs from this
     // prompt after it (the answer re-rendered, the think block gone) and rewinds to it instead
     // of starting over.
+    // Room for the reply beside the other slots' cells (a role with several; see `make_room`).
+    run.make_room(tokens.len() + (room as usize).min(n_ctx as usize / 2));
     let hybrid = base >= 2 && run.model.recurrent_state();
     let first = if hybrid { base - 1 } else { tokens.len() };
     let keep_at = fixed_opening(run, &messages, &tokens);
@@ -597,7 +636,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
         seed: opts.seed.unwrap_or(run.cfg.sampling.seed),
     };
     let mut sampler = sampler::build(&plan);
-    let room = n_ctx - total;
+    let room = n_ctx.saturating_sub(total + run.others_len() as u32);
     let vocab = run.model.model.vocab();
     let mut decoder = encoding_rs::UTF_8.new_decoder();
     let mut batch = LlamaBatch::new(1, 1);
@@ -811,6 +850,10 @@ pub fn run_prefill(
     let result = prefill_ahead(&mut run, &job, queued).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
+
+/// Cells a prefill leaves free beyond its prompt in a role of several slots: a classify's
+/// label steps and a blocking verdict's categories (24 tokens) after it.
+const SLOT_MARGIN: usize = 64;
 
 /// Tokens a prefill ahead decodes at a time: a request that comes while it runs waits at most
 /// one such chunk (~90 ms on SmolLM2-135M here; larger chunks gain little on a CPU).

@@ -354,6 +354,42 @@ async fn classify_is_one_pass_cached_and_constrained() {
     assert_eq!(again.label, " Paris");
 }
 
+/// A role's slots share its `n_ctx` cells: two long checks on different slots (a guard's input
+/// and output checks of a long question) that fit one at a time but not together. The second
+/// takes the first's cells instead of failing its decode (`engine`, mid-reply), answers as a
+/// cold context would, and the first slot serves again after.
+#[tokio::test(flavor = "multi_thread")]
+async fn slots_that_outgrow_their_shared_context_give_up_cells() {
+    use kazeia_pipelines::ClassifyRequest;
+    let toml = model_toml("guard", &smollm2(), "n_ctx = 512\ncache_slots = 2");
+    let engine = Engine::new();
+    load(&engine, &toml, "guard").unwrap();
+    let ask = |words: &str, n: usize, slot: u32| ClassifyRequest {
+        role: "guard".into(),
+        messages: vec![ChatMessage::new("user", format!("{} Is this text safe?", words.repeat(n)))],
+        answer_prefix: "Answer:".into(),
+        labels: vec![" Yes".into(), " No".into()],
+        reuse_cache: true,
+        slot,
+    };
+    let run = |engine: &Engine, req: ClassifyRequest| {
+        let rx = engine.classify(req, CancellationToken::new()).unwrap();
+        async move { rx.await.unwrap() }
+    };
+    let first = run(&engine, ask("The river runs to the sea. ", 50, 0)).await.unwrap();
+    let second = run(&engine, ask("A cat sleeps on the warm mat. ", 35, 1)).await;
+    let second = second.unwrap_or_else(|e| panic!("the second slot's check failed: {e:?}"));
+    assert!(first.prompt_tokens > 300 && second.prompt_tokens > 250, "{first:?} {second:?}");
+    assert!(first.prompt_tokens + second.prompt_tokens > 512, "together they must not fit");
+    let cold = Engine::new();
+    load(&cold, &toml, "guard").unwrap();
+    let fresh = run(&cold, ask("A cat sleeps on the warm mat. ", 35, 1)).await.unwrap();
+    crate::same_verdict(&second, &fresh, "after the other slot gave up its cells vs cold");
+    // The first slot's cells went: its next check prefills again, and succeeds.
+    let again = run(&engine, ask("The river runs to the sea. ", 50, 0)).await.unwrap();
+    crate::same_verdict(&again, &first, "slot 0 again");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn gemma3_base_model_loads_and_generates() {
     let engine = Engine::new();
