@@ -650,10 +650,18 @@ impl Config {
                     format!("model {role:?}: key `type_v`: a quantized V cache needs flash attention (flash_attn = \"auto\" or \"on\")"),
                 ));
             }
-            if !(0.0..=5.0).contains(&m.sampling.temperature) || !(0.0..=1.0).contains(&m.sampling.top_p) {
+            let sampling_ok = (0.0..=5.0).contains(&m.sampling.temperature)
+                && (0.0..=1.0).contains(&m.sampling.top_p)
+                && (0.0..=1.0).contains(&m.sampling.min_p)
+                && m.sampling.repeat_penalty > 0.0
+                && m.sampling.repeat_penalty <= 10.0;
+            if !sampling_ok {
+                // A repeat penalty of 0 made every repeated token's logit infinite.
                 return Err(invalid(
                     line,
-                    format!("model {role:?}: key `sampling`: temperature must be in 0..=5 and top_p in 0..=1"),
+                    format!(
+                        "model {role:?}: key `sampling`: temperature must be in 0..=5, top_p and min_p in 0..=1, repeat_penalty in (0, 10]"
+                    ),
                 ));
             }
             models.push(m);
@@ -817,6 +825,17 @@ mod tests {
         assert!(!m.mmap);
         let e = c.model("guard").unwrap_err().to_string();
         assert!(e.contains("guard") && e.contains("thinker"), "{e}");
+    }
+
+    #[test]
+    fn sampling_values_that_cannot_work_are_refused() {
+        for bad in ["temperature = 6.0", "top_p = 1.5", "min_p = -0.1", "repeat_penalty = 0.0", "repeat_penalty = -1.0"]
+        {
+            let text = format!("[[model]]\nrole = \"t\"\nfile = \"a\"\n[model.sampling]\n{bad}\n");
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.starts_with("models.toml:") && e.contains("sampling"), "{bad}: {e}");
+        }
+        parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[model.sampling]\nrepeat_penalty = 1.1\n").unwrap();
     }
 
     #[test]

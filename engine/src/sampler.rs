@@ -180,6 +180,16 @@ fn any_above(chunk: &[f32], low: f32) -> bool {
     chunk.iter().fold(false, |any, &x| any | (x > low))
 }
 
+/// At or below this temperature the pick is greedy: logits divided by a temperature near 0
+/// overflow to infinity, and llama.cpp's draw then took the least likely candidate (1e-40 did).
+pub const MIN_TEMPERATURE: f32 = 1e-3;
+
+/// llama.cpp reads seed 4294967295 (`LLAMA_DEFAULT_SEED`) as "any": it draws as 4294967294, so
+/// every seed gives the same tokens each time.
+fn fixed_seed(seed: u32) -> u32 {
+    seed.min(u32::MAX - 1)
+}
+
 pub fn build(plan: &SamplingPlan) -> Sampler {
     let s = &plan.base;
     let penalty = (s.repeat_penalty != 1.0 && s.repeat_last_n > 0).then(|| Penalty {
@@ -188,7 +198,7 @@ pub fn build(plan: &SamplingPlan) -> Sampler {
         window: VecDeque::new(),
         counts: Vec::new(),
     });
-    let pick = if plan.temperature <= 0.0 {
+    let pick = if plan.temperature <= MIN_TEMPERATURE {
         // Temperature 0: deterministic, the most likely token every time.
         Pick::Greedy
     } else {
@@ -213,7 +223,7 @@ fn draw(plan: &SamplingPlan) -> Vec<LlamaSampler> {
         chain.push(LlamaSampler::min_p(s.min_p, 1));
     }
     chain.push(LlamaSampler::temp(plan.temperature));
-    chain.push(LlamaSampler::dist(plan.seed));
+    chain.push(LlamaSampler::dist(fixed_seed(plan.seed)));
     chain
 }
 
@@ -224,7 +234,7 @@ pub fn llama_chain(plan: &SamplingPlan, n_vocab: i32) -> LlamaSampler {
     if s.repeat_penalty != 1.0 {
         chain.push(LlamaSampler::penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0));
     }
-    if plan.temperature <= 0.0 {
+    if plan.temperature <= MIN_TEMPERATURE {
         chain.push(LlamaSampler::greedy());
     } else {
         chain.extend(draw(plan));
@@ -264,7 +274,7 @@ pub fn argmax(logits: &[f32]) -> usize {
 mod tests {
     use std::collections::VecDeque;
 
-    use super::{argmax, candidates, Penalty};
+    use super::{argmax, build, candidates, fixed_seed, Penalty, Pick, Sampling, SamplingPlan, MIN_TEMPERATURE};
     use proptest::prelude::*;
 
     /// llama_sampler_greedy_apply, as written in llama.cpp.
@@ -342,6 +352,19 @@ mod tests {
         let mut counts = p.counts.clone();
         counts.sort_unstable();
         assert_eq!(counts, vec![(7, 2), (9, 1)]);
+    }
+
+    /// A temperature near 0 is greedy (a draw at 1e-40 took the least likely token), and the
+    /// one seed llama.cpp reads as "any" is a fixed one.
+    #[test]
+    fn tiny_temperatures_are_greedy_and_every_seed_is_fixed() {
+        let plan = |temperature| SamplingPlan { base: Sampling::default(), temperature, seed: 7 };
+        for t in [0.0, 1e-40, 1e-6, MIN_TEMPERATURE] {
+            assert!(matches!(build(&plan(t)).pick, Pick::Greedy), "{t}");
+        }
+        assert!(matches!(build(&plan(0.7)).pick, Pick::Draw { .. }));
+        assert_eq!(fixed_seed(u32::MAX), u32::MAX - 1);
+        assert_eq!(fixed_seed(42), 42);
     }
 
     #[test]

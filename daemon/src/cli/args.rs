@@ -64,11 +64,19 @@ pub struct AskArgs {
     pub sampling: SamplingArgs,
 }
 
+/// A temperature the daemon takes: 0 to 5.
+fn temperature(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(t) if (0.0..=5.0).contains(&t) => Ok(t),
+        _ => Err("a number from 0 to 5".into()),
+    }
+}
+
 /// Per-turn overrides of a role's configured sampling.
 #[derive(Debug, Args)]
 pub struct SamplingArgs {
-    /// Sampling temperature (0 = greedy) [default: the role's, models.toml].
-    #[arg(long)]
+    /// Sampling temperature, 0 to 5 (0 = greedy) [default: the role's, models.toml].
+    #[arg(long, value_parser = temperature)]
     pub temperature: Option<f32>,
     /// Sampling seed: the same seed, prompt and model give the same answer.
     #[arg(long)]

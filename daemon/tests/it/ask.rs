@@ -88,6 +88,7 @@ fn ask_is_guarded_by_default_and_refuses_bad_input_clearly() {
         (&["ask", "--pipeline", "chat", "--out", "r.wav", "hi"][..], "does not speak"),
         // A mistyped option is not the question.
         (&["ask", "--jsno"][..], "--jsno"),
+        (&["ask", "--temperature", "9", "hi"][..], "from 0 to 5"),
         // Over the daemon's frame limit: the request never left, and `ask` waited for ever.
         (&["ask", "-"][..], "too long"),
     ] {
@@ -115,6 +116,7 @@ fn ask_is_guarded_by_default_and_refuses_bad_input_clearly() {
             ("", TurnOptions::default()),
             ("hi", TurnOptions { max_tokens: Some(0), ..Default::default() }),
             ("hi", TurnOptions { temperature: Some(-1.0), ..Default::default() }),
+            ("hi", TurnOptions { temperature: Some(6.0), ..Default::default() }),
         ] {
             let mut rx = c.turn(&c.new_id(), "chat", text, options.clone()).await.unwrap();
             let (_, last) = common::finish(&mut rx).await;

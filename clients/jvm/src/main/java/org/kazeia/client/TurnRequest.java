@@ -89,10 +89,10 @@ public final class TurnRequest {
         return this;
     }
 
-    /** Sampling temperature; 0 is greedy. */
+    /** Sampling temperature, from 0 to 5; 0 (and up to 0.001) is greedy. */
     public TurnRequest temperature(double t) {
-        if (!(t >= 0) || Double.isInfinite(t)) {
-            throw new KazeiaException(ErrorCode.BAD_REQUEST, "temperature must be a finite number >= 0");
+        if (!(t >= 0 && t <= 5)) {
+            throw new KazeiaException(ErrorCode.BAD_REQUEST, "temperature must be a number from 0 to 5");
         }
         this.temperature = (float) t;
         return this;
