@@ -30,7 +30,6 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::{LlamaStateSeqFlags, SeqState};
 use tokio::sync::mpsc::UnboundedSender;
-use tokio_util::sync::CancellationToken;
 
 use crate::compute::Compute;
 use crate::error::GenerateError;
@@ -829,7 +828,10 @@ pub fn run_classify(
 ) {
     let seq = slot(cfg, job.request.slot);
     let mut run = Run { ctx, seq, cache, model, cfg, compute };
-    let result = classify(&mut run, &job.request, &job.cancel).map_err(LlmError::from);
+    // A caller gone (its receiver dropped: a turn that failed, or ended, while its check was
+    // queued or running) is a cancel: nobody reads the verdict, and the checks behind it wait.
+    let gone = || job.cancel.is_cancelled() || job.reply.is_closed();
+    let result = classify(&mut run, &job.request, &gone).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
 
@@ -957,18 +959,17 @@ fn log_softmax_at(logits: &[f32], ids: &[LlamaToken]) -> Vec<f32> {
 fn classify(
     run: &mut Run<'_, '_>,
     req: &ClassifyRequest,
-    cancel: &CancellationToken,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Classification, GenerateError> {
     let t = Instant::now();
     if req.labels.is_empty() {
         return Err(GenerateError::Prompt("no labels to choose from".into()));
     }
     let (tokens, _, _) = run.tokenize(&req.messages, &req.answer_prefix, false)?;
-    let cancelled = || cancel.is_cancelled();
     if !req.reuse_cache {
         run.reset();
     }
-    let pre = run.prefill(&tokens, true, None, &cancelled, None, false)?;
+    let pre = run.prefill(&tokens, true, None, cancelled, None, false)?;
     if pre.cancelled {
         return Err(GenerateError::Cancelled);
     }

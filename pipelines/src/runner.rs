@@ -85,7 +85,16 @@ pub async fn check(
     };
     let mut parts: VecDeque<String> = halves(user).into();
     let mut worst: Option<Verdict> = None;
+    let mut checks = 1;
     while let Some(part) = parts.pop_front() {
+        // A megabyte of text was ~170 checks of the whole context (hours of the device's
+        // guard, every other guarded turn `busy` behind them).
+        checks += 1;
+        if checks > MAX_CHECKS {
+            let msg =
+                format!("the question is too long for the guard to judge (over {MAX_CHECKS} checks of its parts)");
+            return Err(LlmError::new(ErrorCode::ContextOverflow, msg));
+        }
         match check_once(llm, policy, role, check, &part, reply, reuse_cache, cancel.clone()).await {
             Ok(v) => {
                 let blocks = policy.blocks(v.label);
@@ -111,6 +120,10 @@ pub async fn check(
     v.ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(v)
 }
+
+/// The most guard checks a long question's parts may take: parts of about the guard's context
+/// each, some 16 of them (~100,000 characters with the device's 2048 tokens).
+const MAX_CHECKS: usize = 32;
 
 /// How much a label blocks: the worst of a question's parts stands.
 fn severity(label: Label) -> u8 {

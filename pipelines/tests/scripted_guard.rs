@@ -338,6 +338,32 @@ async fn a_question_past_the_guards_context_is_judged_in_parts() {
     }
 }
 
+/// A question far past what parts can judge (a megabyte pasted: hours of the guard's time,
+/// every other guarded turn `busy` behind it) is refused with `context_overflow` after a
+/// bounded number of checks.
+#[tokio::test]
+async fn a_question_too_long_for_any_parts_is_refused_after_bounded_checks() {
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let filler = "Lorem ipsum dolor sit amet. ".repeat(20);
+    let room = text_of(&policy.format.prompt(Check::Input, &filler, "").messages).len();
+    let llm = Scripted::new(|_, _| Label::Safe).with_guard_room(room);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let input = TurnInput { text: filler.repeat(500), ..Default::default() };
+    let pipeline = Registry::builtin().get("guard").unwrap().clone();
+    run_turn(&pipeline, input, Engines { llm: &llm, policy: &policy, sessions: None }, CancellationToken::new(), tx)
+        .await;
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    assert!(
+        matches!(events.last(), Some(Event::Error { code: ErrorCode::ContextOverflow, is_final: true, .. })),
+        "{events:?}"
+    );
+    let n = llm.classified.load(Ordering::SeqCst);
+    assert!(n <= 33, "{n} checks");
+}
+
 #[tokio::test]
 async fn the_think_stages_system_prompt_goes_to_the_thinker_only() {
     let system = "You are Kazeia. Answer briefly.";

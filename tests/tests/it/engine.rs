@@ -390,6 +390,33 @@ async fn slots_that_outgrow_their_shared_context_give_up_cells() {
     crate::same_verdict(&again, &first, "slot 0 again");
 }
 
+/// A check whose caller went away (a turn that failed or ended while its check was queued)
+/// stops at once: nobody reads its verdict, and the checks behind it waited for its whole
+/// prefill. The role (named for this test alone) is paused while the caller leaves, so the
+/// check is at most at its first chunk then; the next check of the same text finds at most
+/// that chunk cached.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_check_whose_caller_left_stops() {
+    use kazeia_pipelines::ClassifyRequest;
+    let toml = model_toml("gone", &smollm2(), "n_ctx = 2048\nprefill_chunk = 64");
+    let engine = Engine::new();
+    load(&engine, &toml, "gone").unwrap();
+    let ask = || ClassifyRequest {
+        role: "gone".into(),
+        messages: vec![ChatMessage::new("user", format!("{} Is this safe?", "The river runs to the sea. ".repeat(60)))],
+        answer_prefix: "Answer:".into(),
+        labels: vec![" Yes".into(), " No".into()],
+        reuse_cache: true,
+        slot: 0,
+    };
+    let pause = kazeia_engine::RolePause::take("gone", "nobody");
+    drop(engine.classify(ask(), CancellationToken::new()).unwrap());
+    drop(pause);
+    let b = engine.classify(ask(), CancellationToken::new()).unwrap().await.unwrap().unwrap();
+    assert!(b.prompt_tokens > 300, "{b:?}");
+    assert!(b.prefilled_tokens + 65 >= b.prompt_tokens, "the check whose caller left ran on: {b:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn gemma3_base_model_loads_and_generates() {
     let engine = Engine::new();
