@@ -456,10 +456,13 @@ pub fn restore_prefix(ctx: &mut LlamaContext<'_>, cache: &mut Cache, model: &Sha
             // departs from it, and its state cannot be cut back to it later.
             take_checkpoint(ctx, cache, model, cfg, 0, n);
         }
-        Err(e) => {
+        // A bad file goes (it is written again from this load); one that could not be read
+        // now (a passing I/O error) stays for the next load.
+        Err(e @ crate::prefix_file::PrefixFileError::Invalid(..)) => {
             tracing::warn!(role = %cfg.role, "prefix file not used, prefilling normally: {e}");
             let _ = std::fs::remove_file(&path);
         }
+        Err(e) => tracing::warn!(role = %cfg.role, "prefix file not read, prefilling normally: {e}"),
     }
 }
 

@@ -185,8 +185,24 @@ pub fn restore(
     key: &[u8; 32],
 ) -> Result<Vec<LlamaToken>, PrefixFileError> {
     let show = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| PrefixFileError::Io(show.clone(), e))?;
     let bad = |why| PrefixFileError::Invalid(show.clone(), why);
+    // Only a regular file of a size one could have: a FIFO there blocked the role's thread
+    // for good (loaded, never answering), a huge file or a link to /dev/zero took the memory.
+    let meta = std::fs::symlink_metadata(path).map_err(|e| PrefixFileError::Io(show.clone(), e))?;
+    if !meta.file_type().is_file() {
+        return Err(bad("not a regular file"));
+    }
+    let largest = MAGIC.len() + 32 + 4 + 4 * ctx.n_ctx() as usize + 8 + 32 + MAX_BYTES;
+    if meta.len() > largest as u64 {
+        return Err(bad("larger than any prefix file"));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, largest as u64 + 1), &mut bytes))
+        .map_err(|e| PrefixFileError::Io(show.clone(), e))?;
+    if bytes.len() > largest {
+        return Err(bad("larger than any prefix file"));
+    }
     let mut r = Reader(&bytes);
     if r.take(MAGIC.len()).ok_or(bad("truncated"))? != MAGIC {
         return Err(bad("not a prefix file of this version"));

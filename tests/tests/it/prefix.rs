@@ -104,6 +104,25 @@ async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() 
         same_verdict(&r, &cold, "");
         assert!(!files[0].exists(), "{what}: a bad file is removed");
     }
+    // Not a file one could have written: a FIFO (reading it blocked the role's thread for
+    // good) and a sparse file larger than any state (read whole, it took the memory).
+    let made = std::process::Command::new("mkfifo").arg(&files[0]).status().unwrap();
+    assert!(made.success());
+    // On a thread of its own: a role held by the FIFO would hold the test with it (an engine
+    // dropped waits for its roles' threads).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let at = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _ = tx.send(rt.block_on(async { check(&load(Some(&at), 2048), q, 0).await }));
+    });
+    let r = rx.recv_timeout(kazeia_tests::HANG).expect("a FIFO in place of the prefix file held the role");
+    assert_eq!(r.prefilled_tokens, r.prompt_tokens, "{r:?}");
+    std::fs::remove_file(&files[0]).ok();
+    std::fs::File::create(&files[0]).unwrap().set_len(1 << 40).unwrap();
+    let r = check(&load(Some(dir.path()), 2048), q, 0).await;
+    assert_eq!(r.prefilled_tokens, r.prompt_tokens, "{r:?}");
+    same_verdict(&r, &cold, "");
 }
 
 /// A guard of `n_ctx` that checks on both slots: its file is written. The file.
