@@ -114,7 +114,11 @@ impl AudioInput {
         // Under the lock: the listener reads the count and the instant together.
         let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
         let pushed = self.producer.push_slice(&samples);
-        *arrived = Arrived { samples: arrived.samples + pushed, at: Instant::now() };
+        // Only audio counts as the stream going on: empty frames (or ones too short for one
+        // sample at 16 kHz) every second kept a turn and its roles' leases past `audio_idle`.
+        if !samples.is_empty() {
+            *arrived = Arrived { samples: arrived.samples + pushed, at: Instant::now() };
+        }
         drop(arrived);
         if a.last {
             self.ended.store(true, Ordering::Release);
@@ -450,6 +454,16 @@ fn listen(
                 recent.extend_from_slice(&chunk);
                 let keep = recent.len().saturating_sub(pad + vad::CHUNK);
                 recent.drain(..keep);
+                // Nobody spoke for as long as an utterance may last: the turn ends, `no_speech`
+                // (a stream of silence held the turn and its roles' leases for good).
+                if pos >= most {
+                    tracing::info!(
+                        seconds = s.max_utterance.as_secs_f64(),
+                        "no speech within `max_utterance`: the turn ends"
+                    );
+                    utterance = std::mem::take(&mut recent);
+                    break None;
+                }
             }
             match vad.push(&chunk) {
                 Ok(Some(VadEvent::SpeechStart(_))) if !speaking => {
@@ -464,6 +478,10 @@ fn listen(
                         let _ = heard.send(Heard::Resumed);
                     }
                 }
+                // The client sent the whole utterance already (`last` came: a recording sent
+                // faster than it plays): it ends at `last`, not at a pause inside it; the
+                // speech after that pause was taken for a barge-in on the turn's own reply.
+                Ok(Some(VadEvent::SpeechEnd(_))) if ended(&ring) => {}
                 Ok(Some(VadEvent::SpeechEnd(seg))) => {
                     let silence = vad.silence_start(&seg);
                     // The transcript, beside the verdict: the draft started `draft_ahead`
@@ -480,7 +498,8 @@ fn listen(
                         ahead = None;
                     }
                     spoke_since_draft = false;
-                    if complete(&utterance, &mut checks, &mut check_ms) {
+                    // (`last` may have come while the model was asked.)
+                    if complete(&utterance, &mut checks, &mut check_ms) && !ended(&ring) {
                         ended_by = check_ms;
                         break Some(silence);
                     }
@@ -495,6 +514,7 @@ fn listen(
                     }
                 }
                 Ok(None) => match waiting {
+                    Some(_) if ended(&ring) => {}
                     Some((silence, _)) if pos - silence >= max_n => break Some(silence),
                     Some((silence, next)) if pos >= next => {
                         if complete(&utterance, &mut checks, &mut check_ms) {

@@ -175,12 +175,16 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                 }
             }
         };
-        ev(Event::Transcript {
-            id: id.clone(),
-            text: heard.text.clone(),
-            language: Some(heard.language.clone()),
-            is_final: true,
-        });
+        // A turn cancelled while Whisper ran: what it had decoded is no transcript (the turn
+        // ends `cancelled` below, with nothing before it).
+        if !turn.cancel.is_cancelled() {
+            ev(Event::Transcript {
+                id: id.clone(),
+                text: heard.text.clone(),
+                language: Some(heard.language.clone()),
+                is_final: true,
+            });
+        }
         let language = sup.config.speech.reply_language(&heard.language);
         (heard.text, language)
     } else {

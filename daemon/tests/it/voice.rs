@@ -512,9 +512,70 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
     // The rest of the sentence, still in the ring, is not a barge-in on the turn.
     let end = to_the_end(&mut rx).await;
     assert!(matches!(end, Event::Done { stop, .. } if stop != StopReason::Cancelled), "{end:?}");
+    // Empty frames are no audio (they kept the turn past `audio_idle` for good), and a stream
+    // of silence as long as an utterance may last is no speech: each ends the turn while the
+    // client goes on sending.
+    for (what, samples) in [("empty frames", vec![]), ("silence", vec![0.0; 1_600])] {
+        let (id, mut rx) = start(&c, "transcribe").await;
+        send_audio(&c, &id, &vec![0.0; 8_000], false).await;
+        let end = streaming_until_the_end(&c, &id, &mut rx, &samples).await;
+        assert!(
+            matches!(end, Event::Error { code: kazeia_ipc::ErrorCode::NoSpeech, is_final: true, .. }),
+            "{what}: {end:?}"
+        );
+    }
     // Every turn has ended: none holds its roles.
     let st = c.status().await.unwrap();
     assert_eq!(st.turns_running, 0, "{st:?}");
+}
+
+/// Send `samples` as one frame every 100 ms until the turn's final event, which it returns.
+async fn streaming_until_the_end(
+    c: &Client,
+    id: &str,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>,
+    samples: &[f32],
+) -> Event {
+    let t = Instant::now();
+    loop {
+        assert!(t.elapsed() < common::HANG, "the turn never ended");
+        let frame = AudioFrame {
+            id: id.into(),
+            sample_rate: 16_000,
+            channels: 1,
+            last: false,
+            pcm: audio::to_s16le(samples).into(),
+        };
+        c.send_frame(Frame::Audio(frame)).await.unwrap();
+        while let Ok(item) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+            if let Incoming::Event(e @ (Event::Done { .. } | Event::Error { is_final: true, .. })) = item.expect("open")
+            {
+                return e;
+            }
+        }
+    }
+}
+
+/// A recording sent faster than it plays, its `last` frame with it (`kazeia ask --audio`
+/// without `--realtime`): a pause inside it does not end the turn. The turn ended at the pause
+/// after its first question, and the second, already sent, was taken for a barge-in on the
+/// reply: a transcript of half of it, then `cancelled`. One frame, so that `last` has come
+/// before any pause is heard.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recording_sent_whole_ends_at_its_last_frame() {
+    let d = Daemon::start(&config_text());
+    let c = d.client().await;
+    let mut rec = spoken("What time is it in Tokyo?");
+    rec.extend(vec![0.0; 24_000]);
+    rec.extend(spoken(REPORT));
+    rec.extend(vec![0.0; 3_200]);
+    let (id, mut rx) = start(&c, "transcribe").await;
+    let frame = AudioFrame { id, sample_rate: 16_000, channels: 1, last: true, pcm: audio::to_s16le(&rec).into() };
+    c.send_frame(Frame::Audio(frame)).await.unwrap();
+    let text = final_transcript(&mut rx).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert!(text.contains("tokyo") && text.contains("friday"), "{text:?}");
+    let end = to_the_end(&mut rx).await;
+    assert!(matches!(end, Event::Done { stop, .. } if stop != StopReason::Cancelled), "{end:?}");
 }
 
 /// A pause mid-sentence (a hesitation, 600 ms: three times the pause after which the
