@@ -72,6 +72,8 @@ pub struct Ending {
 /// The connection's side of an audio turn: where its audio frames go.
 pub struct AudioInput {
     producer: HeapProd<f32>,
+    /// The stream's own: its phase and filter carried from frame to frame.
+    resampler: audio::Resampler,
     rate: u32,
     channels: u16,
     ended: Arc<AtomicBool>,
@@ -101,7 +103,15 @@ pub fn ring(rate: u32, channels: u16) -> (AudioInput, Ring) {
     let ended = Arc::new(AtomicBool::new(false));
     let arrived = Arc::new(Mutex::new(Arrived { samples: 0, at: Instant::now() }));
     (
-        AudioInput { producer, rate, channels, ended: ended.clone(), arrived: arrived.clone(), overrun: false },
+        AudioInput {
+            producer,
+            resampler: audio::Resampler::new(rate, 16_000),
+            rate,
+            channels,
+            ended: ended.clone(),
+            arrived: arrived.clone(),
+            overrun: false,
+        },
         Ring { consumer, ended, arrived },
     )
 }
@@ -110,7 +120,7 @@ impl AudioInput {
     /// Push one frame's samples (converted to 16 kHz mono). False when the ring is full: the
     /// speech task fell more than the ring's length behind.
     pub fn push(&mut self, a: &AudioFrame) -> bool {
-        let samples = audio::to_16k_mono(&audio::from_s16le(&a.pcm), self.rate, self.channels);
+        let samples = self.resampler.push(&audio::mono(&audio::from_s16le(&a.pcm), self.channels), a.last);
         // Under the lock: the listener reads the count and the instant together.
         let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
         let pushed = self.producer.push_slice(&samples);
