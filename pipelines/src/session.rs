@@ -10,12 +10,31 @@ use kazeia_engine::api::ChatMessage;
 pub struct Sessions {
     ttl: Duration,
     max_messages: usize,
-    inner: Mutex<HashMap<String, (Instant, Vec<ChatMessage>)>>,
+    inner: Mutex<HashMap<String, Entry>>,
+    /// Uses so far: the order sessions were last used in (instants can tie).
+    uses: std::sync::atomic::AtomicU64,
+}
+
+/// One session: when and in which use it was last touched, and its messages.
+struct Entry {
+    at: Instant,
+    used: u64,
+    messages: Vec<ChatMessage>,
+}
+
+/// Sessions one owner keeps (an owner: what comes before a key's first U+001F, the daemon's
+/// user id; the whole key without one): past it, a new one replaces that owner's least
+/// recently used. Each new name made a session that lived `session_ttl` (30 min), as many as a
+/// client cared to name: the daemon's memory, and every turn's scan of them under one lock.
+pub const MAX_PER_OWNER: usize = 32;
+
+fn owner(key: &str) -> &str {
+    key.split('\u{1f}').next().unwrap_or(key)
 }
 
 impl Sessions {
     pub fn new(ttl: Duration) -> Sessions {
-        Sessions { ttl, max_messages: 64, inner: Mutex::default() }
+        Sessions { ttl, max_messages: 64, inner: Mutex::default(), uses: Default::default() }
     }
 
     /// The session's messages so far (empty for a new or expired session).
@@ -26,8 +45,8 @@ impl Sessions {
     /// [`Sessions::history`] as if the clock read `now`.
     fn history_at(&self, id: &str, now: Instant) -> Vec<ChatMessage> {
         let mut map = self.inner.lock().expect("sessions lock");
-        map.retain(|_, (t, _)| now.saturating_duration_since(*t) < self.ttl);
-        map.get(id).map(|(_, m)| m.clone()).unwrap_or_default()
+        map.retain(|_, e| now.saturating_duration_since(e.at) < self.ttl);
+        map.get(id).map(|e| e.messages.clone()).unwrap_or_default()
     }
 
     /// Record a finished turn.
@@ -42,15 +61,25 @@ impl Sessions {
     /// lost turns this one had read).
     pub fn append_after(&self, id: &str, dropped: &[ChatMessage], user: ChatMessage, assistant: ChatMessage) {
         let mut map = self.inner.lock().expect("sessions lock");
-        let entry = map.entry(id.to_string()).or_insert_with(|| (Instant::now(), Vec::new()));
-        if !dropped.is_empty() && entry.1.starts_with(dropped) {
-            entry.1.drain(..dropped.len());
+        if !map.contains_key(id) {
+            let mine = map.iter().filter(|(k, _)| owner(k) == owner(id));
+            if mine.clone().count() >= MAX_PER_OWNER {
+                if let Some(k) = mine.min_by_key(|(_, e)| e.used).map(|(k, _)| k.clone()) {
+                    map.remove(&k);
+                }
+            }
         }
-        entry.0 = Instant::now();
-        entry.1.push(user);
-        entry.1.push(assistant);
-        let excess = entry.1.len().saturating_sub(self.max_messages);
-        entry.1.drain(..excess);
+        let used = self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let e = map.entry(id.to_string()).or_insert_with(|| Entry { at: Instant::now(), used, messages: Vec::new() });
+        if !dropped.is_empty() && e.messages.starts_with(dropped) {
+            e.messages.drain(..dropped.len());
+        }
+        e.at = Instant::now();
+        e.used = used;
+        e.messages.push(user);
+        e.messages.push(assistant);
+        let excess = e.messages.len().saturating_sub(self.max_messages);
+        e.messages.drain(..excess);
     }
 
     /// Drop sessions idle for at least `idle` (memory pressure sheds these first).
@@ -58,7 +87,7 @@ impl Sessions {
         let mut map = self.inner.lock().expect("sessions lock");
         let before = map.len();
         let now = Instant::now();
-        map.retain(|_, (t, _)| now.duration_since(*t) < idle);
+        map.retain(|_, e| now.duration_since(e.at) < idle);
         before - map.len()
     }
 
@@ -85,6 +114,30 @@ mod tests {
         assert_eq!(s.history_at("a", now + Duration::from_secs(30)).len(), 2);
         assert!(s.history_at("a", now + Duration::from_secs(61)).is_empty());
         assert!(s.is_empty());
+    }
+
+    /// An owner keeps at most `MAX_PER_OWNER` sessions, the most recently used; another
+    /// owner's are not touched.
+    #[test]
+    fn an_owner_keeps_its_most_recent_sessions() {
+        let m = |r: &str| ChatMessage::new(r, "x");
+        let s = Sessions::new(Duration::from_secs(600));
+        s.append("2\u{1f}other", m("user"), m("assistant"));
+        for i in 0..MAX_PER_OWNER + 5 {
+            s.append(&format!("1\u{1f}s{i}"), m("user"), m("assistant"));
+            if i == 0 {
+                // The first is used again later: it stays.
+                continue;
+            }
+            if i == MAX_PER_OWNER / 2 {
+                s.append("1\u{1f}s0", m("user"), m("assistant"));
+            }
+        }
+        assert_eq!(s.len(), MAX_PER_OWNER + 1, "the owner's cap, and the other owner's one");
+        assert_eq!(s.history("1\u{1f}s0").len(), 4, "used recently: kept");
+        assert!(s.history("1\u{1f}s1").is_empty(), "the least recently used went");
+        assert_eq!(s.history(&format!("1\u{1f}s{}", MAX_PER_OWNER + 4)).len(), 2);
+        assert_eq!(s.history("2\u{1f}other").len(), 2);
     }
 
     /// Turns dropped to fit go once, even when two turns of the session dropped them.

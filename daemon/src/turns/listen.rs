@@ -79,6 +79,8 @@ pub struct AudioInput {
     ended: Arc<AtomicBool>,
     arrived: Arc<Mutex<Arrived>>,
     pub overrun: bool,
+    /// A frame came after the `last` one (and was refused, once).
+    pub after_last: bool,
 }
 
 /// The speech task's side.
@@ -111,6 +113,7 @@ pub fn ring(rate: u32, channels: u16) -> (AudioInput, Ring) {
             ended: ended.clone(),
             arrived: arrived.clone(),
             overrun: false,
+            after_last: false,
         },
         Ring { consumer, ended, arrived },
     )
@@ -134,6 +137,11 @@ impl AudioInput {
             self.ended.store(true, Ordering::Release);
         }
         pushed == samples.len()
+    }
+
+    /// The stream's `last` frame has come: the turn hears no more of it.
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
     pub fn matches(&self, a: &AudioFrame) -> bool {

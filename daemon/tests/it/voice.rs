@@ -144,8 +144,10 @@ async fn transcribe_and_voice_over_the_socket() {
     // answered New York); with the lead, "France" there as on the Xeon of earlier machines.
     let mut question = vec![0.0; 3_200];
     question.extend(spoken("What is the capital of France?"));
-    question.extend(vec![0.0; 8_000]);
-    send_audio(&c, &id, &question, true).await;
+    // Then silence past `turn_max_silence` and no `last` (a `last` sent with the rest would
+    // end the turn itself, the model never asked): the pause ends the turn, as a microphone's.
+    question.extend(vec![0.0; 56_000]);
+    send_audio(&c, &id, &question, false).await;
     let (mut heard, mut verdicts, mut tokens, mut reply_pcm, mut last_audio) =
         (String::new(), 0, String::new(), Vec::new(), false);
     let mut rate = 0;
@@ -449,13 +451,26 @@ async fn silence_is_no_speech() {
     let c = d.client().await;
     let (id, mut rx) = start(&c, "transcribe").await;
     send_audio(&c, &id, &vec![0.0; 32_000], true).await;
-    match tokio::time::timeout(common::HANG, rx.recv()).await.expect("an answer").expect("open") {
-        Incoming::Event(Event::Error { code, is_final, .. }) => {
-            assert_eq!((code, is_final), (kazeia_ipc::ErrorCode::NoSpeech, true))
-        }
-        other => panic!("{other:?}\n{}", d.log()),
+    // Audio after `last` is refused, once (it went to a ring nobody read), the turn goes on.
+    for _ in 0..3 {
+        send_audio(&c, &id, &vec![0.0; 1_600], false).await;
     }
-    assert!(c.status().await.is_ok());
+    let mut after_last = 0;
+    loop {
+        match tokio::time::timeout(common::HANG, rx.recv()).await.expect("an answer").expect("open") {
+            Incoming::Event(Event::Error { code: kazeia_ipc::ErrorCode::BadFrame, is_final: false, .. }) => {
+                after_last += 1
+            }
+            Incoming::Event(Event::Error { code, is_final, .. }) => {
+                assert_eq!((code, is_final), (kazeia_ipc::ErrorCode::NoSpeech, true));
+                break;
+            }
+            other => panic!("{other:?}\n{}", d.log()),
+        }
+    }
+    // (Sent right behind `last`, they came while the turn still ran: its end was queued after.)
+    let st = c.status().await.unwrap();
+    assert_eq!(after_last, 1, "{st:?}");
 }
 
 /// The turn's final transcript (lowercase), or its final error's code.

@@ -14,6 +14,15 @@ pub fn frame(c: &Conn, a: AudioFrame) {
         let msg = "audio frame with another rate or channel count than the turn's `audio`";
         return c.out.notice(Some(a.id), ErrorCode::BadFrame, msg);
     }
+    // After `last` nobody reads the ring (its end is the utterance's, and barge-in stops
+    // there): frames went to it unheard until it was full, then were called `busy`.
+    if input.ended() {
+        if !std::mem::replace(&mut input.after_last, true) {
+            let msg = "audio frame after the stream's `last` frame: the turn hears no more of it";
+            c.out.notice(Some(a.id), ErrorCode::BadFrame, msg);
+        }
+        return;
+    }
     if !input.push(&a) && !input.overrun {
         input.overrun = true;
         let msg = "audio overrun: the speech task is more than 20 s behind; samples were dropped";
