@@ -650,7 +650,7 @@ impl Config {
                     format!("model {role:?}: key `type_v`: a quantized V cache needs flash attention (flash_attn = \"auto\" or \"on\")"),
                 ));
             }
-            let sampling_ok = (0.0..=5.0).contains(&m.sampling.temperature)
+            let sampling_ok = kazeia_engine::params::TEMPERATURES.contains(&m.sampling.temperature)
                 && (0.0..=1.0).contains(&m.sampling.top_p)
                 && (0.0..=1.0).contains(&m.sampling.min_p)
                 && m.sampling.repeat_penalty > 0.0

@@ -26,6 +26,10 @@ impl FlashAttn {
     }
 }
 
+/// The temperatures a role's config and a request may set: past 5 a draw is all but uniform
+/// over the vocabulary.
+pub const TEMPERATURES: std::ops::RangeInclusive<f32> = 0.0..=5.0;
+
 /// Sampling defaults for a role; a request may override temperature, seed and max_tokens.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -188,8 +188,17 @@ pub fn restore(
     let bad = |why| PrefixFileError::Invalid(show.clone(), why);
     // Only a regular file of a size one could have: a FIFO there blocked the role's thread
     // for good (loaded, never answering), a huge file or a link to /dev/zero took the memory.
-    let meta = std::fs::symlink_metadata(path).map_err(|e| PrefixFileError::Io(show.clone(), e))?;
-    if !meta.file_type().is_file() {
+    // Opened without blocking or following a link, then judged by what was opened (a check of
+    // the path before opening it could be raced).
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(bad("a symbolic link")),
+        Err(e) => return Err(PrefixFileError::Io(show.clone(), e)),
+    };
+    let meta = file.metadata().map_err(|e| PrefixFileError::Io(show.clone(), e))?;
+    if !meta.is_file() {
         return Err(bad("not a regular file"));
     }
     let largest = MAGIC.len() + 32 + 4 + 4 * ctx.n_ctx() as usize + 8 + 32 + MAX_BYTES;
@@ -197,8 +206,7 @@ pub fn restore(
         return Err(bad("larger than any prefix file"));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    std::fs::File::open(path)
-        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, largest as u64 + 1), &mut bytes))
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, largest as u64 + 1), &mut bytes)
         .map_err(|e| PrefixFileError::Io(show.clone(), e))?;
     if bytes.len() > largest {
         return Err(bad("larger than any prefix file"));

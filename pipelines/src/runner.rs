@@ -85,7 +85,7 @@ pub async fn check(
     };
     let mut parts: VecDeque<String> = halves(user).into();
     let mut worst: Option<Verdict> = None;
-    let mut checks = 1;
+    let mut checks = 0;
     while let Some(part) = parts.pop_front() {
         // A megabyte of text was ~170 checks of the whole context (hours of the device's
         // guard, every other guarded turn `busy` behind them).
@@ -150,14 +150,8 @@ fn halves(text: &str) -> [String; 2] {
         (None, None) => mid,
     };
     let over = (text.len() / 8).min(OVERLAP);
-    let mut end = (at + over).min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut start = at.saturating_sub(over);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
+    let end = floor_char(text, (at + over).min(text.len()));
+    let start = ceil_char(text, at.saturating_sub(over));
     // The first half ends at a space, the second starts at one: no word is cut.
     let end = text[at..end].rfind(char::is_whitespace).map_or(at, |i| at + i);
     let start = text[start..at].find(char::is_whitespace).map_or(at, |i| start + i);
@@ -229,7 +223,7 @@ async fn check_once(
 /// (`earlier`). When the question and the reply so far do not fit the guard's context with its
 /// instructions (a long question: a later unit's check failed the turn mid-reply, after
 /// sentences had left), the unit is judged whole, after the reply's last words and the
-/// question's start and end. Units are at most `split::MAX_CHARS`, so that one fits.
+/// question's start and end. Units are at most `split::MAX_BYTES`, so that one fits.
 #[allow(clippy::too_many_arguments)]
 async fn check_output(
     llm: &dyn Llm,
@@ -263,28 +257,42 @@ pub(crate) fn thinker_messages(plan: &Plan, input: &TurnInput, engines: &Engines
     messages
 }
 
-/// Characters kept of the question's start and of its end, and of the reply before the unit,
-/// when an output check does not fit the guard's context whole.
-const SHORT: usize = 600;
+/// Bytes kept of the question's start and of its end, and of the reply before the unit, when
+/// an output check does not fit the guard's context whole: with a unit (at most
+/// `split::MAX_BYTES`) and the guard's instructions, at most ~1,750 tokens (a byte-level BPE
+/// spends at most one a byte), within the guard's 2048.
+const SHORT: usize = 300;
 
-/// `text`'s first and last `keep` characters, joined by ` … `, when it is longer than both.
+/// `text`'s first and last `keep` bytes (whole characters), joined by ` … `, when it is longer
+/// than both.
 fn ends(text: &str, keep: usize) -> String {
-    let n = text.chars().count();
-    if n <= 2 * keep {
+    if text.len() <= 2 * keep {
         return text.to_string();
     }
-    let head: String = text.chars().take(keep).collect();
-    let rest: String = text.chars().skip(n - keep).collect();
+    let head = &text[..floor_char(text, keep)];
+    let rest = &text[ceil_char(text, text.len() - keep)..];
     format!("{head} … {rest}")
 }
 
-/// `text`'s last `keep` characters.
+/// `text`'s last `keep` bytes (whole characters).
 fn tail(text: &str, keep: usize) -> &str {
-    let n = text.chars().count();
-    match text.char_indices().nth(n.saturating_sub(keep)) {
-        Some((i, _)) if n > keep => &text[i..],
-        _ => text,
+    &text[ceil_char(text, text.len().saturating_sub(keep))..]
+}
+
+/// The character boundary at or before byte `i`.
+fn floor_char(text: &str, mut i: usize) -> usize {
+    while !text.is_char_boundary(i) {
+        i -= 1;
     }
+    i
+}
+
+/// The character boundary at or after byte `i`.
+fn ceil_char(text: &str, mut i: usize) -> usize {
+    while !text.is_char_boundary(i) {
+        i += 1;
+    }
+    i
 }
 
 type Pending<'a> = Pin<Box<dyn Future<Output = Result<Verdict, LlmError>> + Send + 'a>>;

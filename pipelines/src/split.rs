@@ -1,22 +1,24 @@
 //! Sentence boundaries in streamed text: a sentence ends at `.`, `!`, `?` or `…` followed by
 //! white space, at a full-width `。` `！` `？` (CJK writes no space after them), or at a line
 //! break. Very short pieces ("1.", "M.") are joined to what follows. A unit never grows past
-//! [`MAX_CHARS`]: without an end mark it is cut at its last space before (a reply in Chinese, a
-//! long list written without marks or a URL was one unit: held whole until the Thinker stopped,
-//! and past the guard's context it failed the turn).
+//! [`MAX_BYTES`]: without an end mark it is cut at its last white space before (a reply in
+//! Chinese, a long list written without marks or a URL was one unit: held whole until the
+//! Thinker stopped, and past the guard's context it failed the turn).
 //! A spoken reply's first unit may be a clause (see [`first_clause`]): its audio can start
 //! before the whole first sentence is written and checked.
 
 const MIN_CHARS: usize = 12;
 
-/// The longest unit, in characters: about 130 tokens, a tenth of what the guard's context
-/// (2048 tokens, here and on the device) has left beside its instructions, the question and
-/// the reply before the unit; a long spoken sentence is about 250.
-pub const MAX_CHARS: usize = 500;
+/// The longest unit, in UTF-8 bytes: a byte-level BPE vocabulary (SmolLM2's, Qwen's) spends at
+/// most one token a byte, so it is at most 500 tokens whatever the script (a Chinese character
+/// is 3 bytes and 2-3 tokens in SmolLM2's, which has 80 CJK entries; English text ~4 bytes a
+/// token). With the shortened output check's context (`runner::SHORT`) and the guard's
+/// instructions it fits the guard's 2048 tokens, here and on the device.
+pub const MAX_BYTES: usize = 500;
 
 /// Byte length of the first complete sentence in `text` (its trailing white space included),
-/// or None when no sentence is complete yet. Past [`MAX_CHARS`] without an end, the first
-/// `MAX_CHARS` characters up to their last white space (all of them when there is none).
+/// or None when no sentence is complete yet. Past [`MAX_BYTES`] without an end, the text up to
+/// its last white space within them (all of them, to a character's start, when there is none).
 pub fn first_sentence(text: &str) -> Option<usize> {
     // White space before the unit goes with it, and counts for nothing (it is trimmed).
     let start = ws_len(text);
@@ -24,11 +26,11 @@ pub fn first_sentence(text: &str) -> Option<usize> {
     let mut count = 0;
     let mut last_space = None;
     while let Some((i, c)) = chars.next() {
-        if count == MAX_CHARS {
-            return Some(last_space.unwrap_or(i));
+        let end = i + c.len_utf8();
+        if end - start > MAX_BYTES {
+            return Some(last_space.unwrap_or(i)).filter(|&n| n > start);
         }
         count += 1;
-        let end = i + c.len_utf8();
         if c.is_whitespace() && count > MIN_CHARS {
             last_space = Some(end + ws_len(&text[end..]));
         }
@@ -98,21 +100,20 @@ mod tests {
 
     proptest! {
         /// Any text, fed whole: every unit ends on a character boundary, is at most
-        /// `MAX_CHARS` characters before its trailing white space, and together they are the
-        /// text; a text longer than `MAX_CHARS` characters (after its leading white space) always has a
-        /// first unit.
+        /// `MAX_BYTES` bytes trimmed, and together they are the text; a text longer than
+        /// `MAX_BYTES` (after its leading white space) always has a first unit.
         #[test]
         fn units_are_bounded_and_cover_the_text(text in "(\\PC|[ \n。.!?,]|[ ]{1,600}){0,400}") {
             let mut rest = text.as_str();
             let mut joined = String::new();
             while let Some(n) = first_sentence(rest) {
                 prop_assert!(n > 0 && rest.is_char_boundary(n));
-                prop_assert!(rest[..n].trim().chars().count() <= MAX_CHARS, "{:?}", &rest[..n]);
+                prop_assert!(rest[..n].trim().len() <= MAX_BYTES, "{:?}", &rest[..n]);
                 prop_assert!(!rest[..n].trim().is_empty());
                 joined.push_str(&rest[..n]);
                 rest = &rest[n..];
             }
-            prop_assert!(rest.trim_start().chars().count() <= MAX_CHARS, "{rest:?}");
+            prop_assert!(rest.trim_start().len() <= MAX_BYTES, "{rest:?}");
             joined.push_str(rest);
             prop_assert_eq!(joined, text.clone());
             if let Some(n) = first_clause(&text) {
@@ -122,18 +123,20 @@ mod tests {
     }
 
     #[test]
-    fn a_unit_without_an_end_is_cut_at_a_space_before_max_chars() {
+    fn a_unit_without_an_end_is_cut_at_a_space_before_max_bytes() {
         let words = "mot ".repeat(200);
         let n = first_sentence(&words).unwrap();
         assert_eq!(n % 4, 0, "after a space: {n}");
-        assert!(n <= MAX_CHARS && n > MAX_CHARS - 4, "{n}");
-        assert_eq!(first_sentence(&words[..MAX_CHARS - 1]), None, "shorter: it may still end");
-        // No space at all (a URL, a hash): cut at the limit.
-        let url = "a".repeat(MAX_CHARS + 1);
-        assert_eq!(first_sentence(&url), Some(MAX_CHARS));
-        let blank = " ".repeat(MAX_CHARS * 2);
+        assert!(n <= MAX_BYTES && n > MAX_BYTES - 4, "{n}");
+        assert_eq!(first_sentence(&words[..MAX_BYTES - 1]), None, "shorter: it may still end");
+        // No space at all (a URL, a hash): cut at the limit, at a character's start.
+        let url = "a".repeat(MAX_BYTES + 1);
+        assert_eq!(first_sentence(&url), Some(MAX_BYTES));
+        let han = "字".repeat(MAX_BYTES);
+        assert_eq!(first_sentence(&han), Some(MAX_BYTES / 3 * 3));
+        let blank = " ".repeat(MAX_BYTES * 2);
         assert_eq!(first_sentence(&blank), None, "white space alone is no unit");
-        assert_eq!(first_sentence(&format!("{blank}{url}")), Some(blank.len() + MAX_CHARS), "it goes with the next");
+        assert_eq!(first_sentence(&format!("{blank}{url}")), Some(blank.len() + MAX_BYTES), "it goes with the next");
     }
 
     #[test]

@@ -268,7 +268,7 @@ async fn output_checks_past_the_guards_context_judge_a_shortened_one() {
 }
 
 /// A reply written without a sentence end (a list without marks, a URL, Chinese without
-/// spaces): it is checked and released in units of at most `split::MAX_CHARS` characters, each
+/// spaces): it is checked and released in units of at most `split::MAX_BYTES` bytes, each
 /// fitting the guard's context. Whole, the one unit outgrew it and failed the turn.
 #[tokio::test]
 async fn a_reply_without_sentence_ends_is_checked_in_bounded_units() {
@@ -285,7 +285,7 @@ async fn a_reply_without_sentence_ends_is_checked_in_bounded_units() {
         .filter_map(|e| if let Event::Sentence { text, .. } = e { Some(text.clone()) } else { None })
         .collect();
     assert!(sentences.len() >= 3, "{sentences:?}");
-    assert!(sentences.iter().all(|s| s.chars().count() <= kazeia_pipelines::split::MAX_CHARS), "{sentences:?}");
+    assert!(sentences.iter().all(|s| s.len() <= kazeia_pipelines::split::MAX_BYTES), "{sentences:?}");
     assert_eq!(sentences.join(" "), reply.trim());
 }
 

@@ -67,7 +67,7 @@ pub struct AskArgs {
 /// A temperature the daemon takes: 0 to 5.
 fn temperature(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
-        Ok(t) if (0.0..=5.0).contains(&t) => Ok(t),
+        Ok(t) if kazeia_engine::params::TEMPERATURES.contains(&t) => Ok(t),
         _ => Err("a number from 0 to 5".into()),
     }
 }

@@ -142,8 +142,7 @@ impl Supervisor {
         if o.max_tokens == Some(0) {
             return refuse(ErrorCode::BadRequest, "options.max_tokens must be at least 1".into());
         }
-        // The config's range: a huge one is a uniform draw over the vocabulary.
-        if o.temperature.is_some_and(|t| !(0.0..=5.0).contains(&t)) {
+        if o.temperature.is_some_and(|t| !kazeia_engine::params::TEMPERATURES.contains(&t)) {
             return refuse(ErrorCode::BadRequest, "options.temperature must be a number from 0 to 5".into());
         }
         let lease = self.lease(&pipeline.roles())?;
