@@ -14,6 +14,6 @@ pub use kazeia_engine::api::{
     ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
     LlmError, PrefillRequest, Prefilled, Upto,
 };
-pub use runner::{check, run_turn, Engines, TurnInput, Verdict};
+pub use runner::{run_turn, Engines, Guard, TurnInput, Verdict};
 pub use session::Sessions;
 pub use warm::warm;

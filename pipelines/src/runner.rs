@@ -63,62 +63,151 @@ pub struct Verdict {
     pub by_rule: bool,
 }
 
-/// One guard check: the rule layer, then the model (one pass), then categories when it blocks.
-/// A question longer than the guard's context is judged in parts, halved until each fits, and
-/// the worst verdict stands (it failed with `context_overflow`: a pasted article could not be
-/// asked about through a guarded pipeline, the device's guard holding 2048 tokens).
-#[allow(clippy::too_many_arguments)]
-pub async fn check(
-    llm: &dyn Llm,
-    policy: &GuardPolicy,
-    role: &str,
-    check: Check,
-    user: &str,
-    reply: &str,
-    reuse_cache: bool,
-    cancel: CancellationToken,
-) -> Result<Verdict, LlmError> {
-    let t = Instant::now();
-    let overflow = match check_once(llm, policy, role, check, user, reply, reuse_cache, cancel.clone()).await {
-        Err(e) if e.code == ErrorCode::ContextOverflow && check == Check::Input => e,
-        other => return other,
-    };
-    let mut parts: VecDeque<String> = halves(user).into();
-    let mut worst: Option<Verdict> = None;
-    let mut checks = 0;
-    while let Some(part) = parts.pop_front() {
-        // A megabyte of text was ~170 checks of the whole context (hours of the device's
-        // guard, every other guarded turn `busy` behind them).
-        checks += 1;
-        if checks > MAX_CHECKS {
-            let msg =
-                format!("the question is too long for the guard to judge (over {MAX_CHECKS} checks of its parts)");
-            return Err(LlmError::new(ErrorCode::ContextOverflow, msg));
+/// A guard role's checks in a turn: the engine, the policy, the role, and whether its prefix
+/// cache is used (the pipeline's `prefix_cache`).
+#[derive(Clone, Copy)]
+pub struct Guard<'a> {
+    pub llm: &'a dyn Llm,
+    pub policy: &'a GuardPolicy,
+    pub role: &'a str,
+    pub reuse_cache: bool,
+}
+
+impl Guard<'_> {
+    /// One guard check: the rule layer, then the model (one pass), then categories when it blocks.
+    /// A question longer than the guard's context is judged in parts, halved until each fits, and
+    /// the worst verdict stands (it failed with `context_overflow`: a pasted article could not be
+    /// asked about through a guarded pipeline, the device's guard holding 2048 tokens).
+    pub async fn check(
+        self,
+        check: Check,
+        user: &str,
+        reply: &str,
+        cancel: CancellationToken,
+    ) -> Result<Verdict, LlmError> {
+        let Guard { policy, .. } = self;
+        let t = Instant::now();
+        let overflow = match self.check_once(check, user, reply, cancel.clone()).await {
+            Err(e) if e.code == ErrorCode::ContextOverflow && check == Check::Input => e,
+            other => return other,
+        };
+        let mut parts: VecDeque<String> = halves(user).into();
+        let mut worst: Option<Verdict> = None;
+        let mut checks = 0;
+        while let Some(part) = parts.pop_front() {
+            // A megabyte of text was ~170 checks of the whole context (hours of the device's
+            // guard, every other guarded turn `busy` behind them).
+            checks += 1;
+            if checks > MAX_CHECKS {
+                let msg =
+                    format!("the question is too long for the guard to judge (over {MAX_CHECKS} checks of its parts)");
+                return Err(LlmError::new(ErrorCode::ContextOverflow, msg));
+            }
+            match self.check_once(check, &part, reply, cancel.clone()).await {
+                Ok(v) => {
+                    let blocks = policy.blocks(v.label);
+                    worst = Some(match worst {
+                        Some(w) if severity(w.label) >= severity(v.label) => w,
+                        _ => v,
+                    });
+                    if blocks {
+                        break;
+                    }
+                }
+                Err(e) if e.code == ErrorCode::ContextOverflow => match halves(&part) {
+                    [a, b] if !a.is_empty() && !b.is_empty() => {
+                        parts.push_front(b);
+                        parts.push_front(a);
+                    }
+                    _ => return Err(overflow),
+                },
+                Err(e) => return Err(e),
+            }
         }
-        match check_once(llm, policy, role, check, &part, reply, reuse_cache, cancel.clone()).await {
-            Ok(v) => {
-                let blocks = policy.blocks(v.label);
-                worst = Some(match worst {
-                    Some(w) if severity(w.label) >= severity(v.label) => w,
-                    _ => v,
-                });
-                if blocks {
-                    break;
+        let mut v = worst.ok_or(overflow)?;
+        v.ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(v)
+    }
+
+    /// [`Guard::check`], in one pass.
+    async fn check_once(
+        self,
+        check: Check,
+        user: &str,
+        reply: &str,
+        cancel: CancellationToken,
+    ) -> Result<Verdict, LlmError> {
+        let Guard { llm, policy, role, reuse_cache } = self;
+        let t = Instant::now();
+        let text = if check == Check::Input { user } else { reply };
+        if let Some(rule) = policy.rule(check, text) {
+            return Ok(Verdict {
+                label: rule.label,
+                categories: rule.categories.clone(),
+                ms: t.elapsed().as_secs_f64() * 1e3,
+                by_rule: true,
+            });
+        }
+        let p = policy.format.prompt(check, user, reply);
+        let req = ClassifyRequest {
+            role: role.to_string(),
+            messages: p.messages.clone(),
+            answer_prefix: p.answer_prefix.clone(),
+            labels: p.labels.iter().map(|(s, _)| s.clone()).collect(),
+            reuse_cache,
+            slot: check.slot(),
+        };
+        let c = llm
+            .classify(req, cancel.clone())?
+            .await
+            .map_err(|_| LlmError::new(ErrorCode::Engine, "the guard engine stopped"))??;
+        let label = p.labels.iter().find(|(s, _)| *s == c.label).map(|(_, l)| *l).unwrap_or(Label::Unsafe);
+        let mut categories = Vec::new();
+        if policy.blocks(label) && policy.categories {
+            let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(24), ..Default::default() };
+            let mut req = GenerateRequest::new(role, p.messages, opts);
+            req.answer_prefix = policy.format.categories_prefix(label);
+            req.slot = check.slot();
+            let mut rx = llm.generate(req, cancel)?;
+            let mut text = String::new();
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    GenEvent::Token { text: t, .. } => {
+                        text.push_str(&t);
+                        if text.contains('\n') && !text.trim().is_empty() {
+                            break;
+                        }
+                    }
+                    GenEvent::Finished(_) => break,
+                    GenEvent::Prefill { .. } | GenEvent::Thinking { .. } => {}
                 }
             }
-            Err(e) if e.code == ErrorCode::ContextOverflow => match halves(&part) {
-                [a, b] if !a.is_empty() && !b.is_empty() => {
-                    parts.push_front(b);
-                    parts.push_front(a);
-                }
-                _ => return Err(overflow),
-            },
-            Err(e) => return Err(e),
+            categories = parse_categories(&text);
+        }
+        Ok(Verdict { label, categories, ms: t.elapsed().as_secs_f64() * 1e3, by_rule: false })
+    }
+
+    /// The output check of `unit`, in the context of the question and of the reply before it
+    /// (`earlier`). When the question and the reply so far do not fit the guard's context with its
+    /// instructions (a long question: a later unit's check failed the turn mid-reply, after
+    /// sentences had left), the unit is judged whole, after the reply's last words and the
+    /// question's start and end. Units are at most `split::MAX_BYTES`, so that one fits.
+    async fn check_output(
+        self,
+        question: &str,
+        earlier: &str,
+        unit: &str,
+        cancel: CancellationToken,
+    ) -> Result<Verdict, LlmError> {
+        let reply = format!("{earlier}{unit}");
+        match self.check(Check::Output, question, reply.trim(), cancel.clone()).await {
+            Err(e) if e.code == ErrorCode::ContextOverflow => {
+                let reply = format!("{}{unit}", tail(earlier, SHORT));
+                self.check(Check::Output, &ends(question, SHORT), reply.trim(), cancel).await
+            }
+            other => other,
         }
     }
-    let mut v = worst.ok_or(overflow)?;
-    v.ms = t.elapsed().as_secs_f64() * 1e3;
-    Ok(v)
 }
 
 /// The most guard checks a long question's parts may take: parts of about the guard's context
@@ -156,93 +245,6 @@ fn halves(text: &str) -> [String; 2] {
     let end = text[at..end].rfind(char::is_whitespace).map_or(at, |i| at + i);
     let start = text[start..at].find(char::is_whitespace).map_or(at, |i| start + i);
     [text[..end].trim().to_string(), text[start..].trim().to_string()]
-}
-
-/// [`check`], in one pass.
-#[allow(clippy::too_many_arguments)]
-async fn check_once(
-    llm: &dyn Llm,
-    policy: &GuardPolicy,
-    role: &str,
-    check: Check,
-    user: &str,
-    reply: &str,
-    reuse_cache: bool,
-    cancel: CancellationToken,
-) -> Result<Verdict, LlmError> {
-    let t = Instant::now();
-    let text = if check == Check::Input { user } else { reply };
-    if let Some(rule) = policy.rule(check, text) {
-        return Ok(Verdict {
-            label: rule.label,
-            categories: rule.categories.clone(),
-            ms: t.elapsed().as_secs_f64() * 1e3,
-            by_rule: true,
-        });
-    }
-    let p = policy.format.prompt(check, user, reply);
-    let req = ClassifyRequest {
-        role: role.to_string(),
-        messages: p.messages.clone(),
-        answer_prefix: p.answer_prefix.clone(),
-        labels: p.labels.iter().map(|(s, _)| s.clone()).collect(),
-        reuse_cache,
-        slot: check.slot(),
-    };
-    let c = llm
-        .classify(req, cancel.clone())?
-        .await
-        .map_err(|_| LlmError::new(ErrorCode::Engine, "the guard engine stopped"))??;
-    let label = p.labels.iter().find(|(s, _)| *s == c.label).map(|(_, l)| *l).unwrap_or(Label::Unsafe);
-    let mut categories = Vec::new();
-    if policy.blocks(label) && policy.categories {
-        let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(24), ..Default::default() };
-        let mut req = GenerateRequest::new(role, p.messages, opts);
-        req.answer_prefix = policy.format.categories_prefix(label);
-        req.slot = check.slot();
-        let mut rx = llm.generate(req, cancel)?;
-        let mut text = String::new();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                GenEvent::Token { text: t, .. } => {
-                    text.push_str(&t);
-                    if text.contains('\n') && !text.trim().is_empty() {
-                        break;
-                    }
-                }
-                GenEvent::Finished(_) => break,
-                GenEvent::Prefill { .. } | GenEvent::Thinking { .. } => {}
-            }
-        }
-        categories = parse_categories(&text);
-    }
-    Ok(Verdict { label, categories, ms: t.elapsed().as_secs_f64() * 1e3, by_rule: false })
-}
-
-/// The output check of `unit`, in the context of the question and of the reply before it
-/// (`earlier`). When the question and the reply so far do not fit the guard's context with its
-/// instructions (a long question: a later unit's check failed the turn mid-reply, after
-/// sentences had left), the unit is judged whole, after the reply's last words and the
-/// question's start and end. Units are at most `split::MAX_BYTES`, so that one fits.
-#[allow(clippy::too_many_arguments)]
-async fn check_output(
-    llm: &dyn Llm,
-    policy: &GuardPolicy,
-    role: &str,
-    question: &str,
-    earlier: &str,
-    unit: &str,
-    reuse_cache: bool,
-    cancel: CancellationToken,
-) -> Result<Verdict, LlmError> {
-    let reply = format!("{earlier}{unit}");
-    match check(llm, policy, role, Check::Output, question, reply.trim(), reuse_cache, cancel.clone()).await {
-        Err(e) if e.code == ErrorCode::ContextOverflow => {
-            let reply = format!("{}{unit}", tail(earlier, SHORT));
-            check(llm, policy, role, Check::Output, &ends(question, SHORT), reply.trim(), reuse_cache, cancel).await
-        }
-        other => other,
-    }
 }
 
 /// What the Thinker reads for `text`: the stage's system prompt, the session's earlier turns,
@@ -345,8 +347,8 @@ pub async fn run_turn(
     };
 
     let mut guard_in: Option<Pending> = plan.input_guard.as_ref().map(|role| {
-        Box::pin(check(llm, policy, role, Check::Input, &input.text, "", pipeline.prefix_cache, cancel.child_token()))
-            as Pending
+        let guard = Guard { llm, policy, role, reuse_cache: pipeline.prefix_cache };
+        Box::pin(guard.check(Check::Input, &input.text, "", cancel.child_token())) as Pending
     });
 
     // Guard-only pipeline: the verdict is the answer.
@@ -441,12 +443,11 @@ pub async fn run_turn(
         if input_passed && out_check.is_none() && !cancel.is_cancelled() {
             if let (Some(role), Some(unit)) = (&output_guard, thoughts.front()) {
                 let (role, user_text, unit) = (role.clone(), input.text.clone(), unit.trim().to_string());
-                let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
+                let (c, reuse_cache) = (cancel.child_token(), pipeline.prefix_cache);
                 checking_thought = true;
-                out_check =
-                    Some(Box::pin(
-                        async move { check_output(llm, policy, &role, &user_text, "", &unit, reuse, c).await },
-                    ));
+                out_check = Some(Box::pin(async move {
+                    Guard { llm, policy, role: &role, reuse_cache }.check_output(&user_text, "", &unit, c).await
+                }));
             } else if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 checking_thought = false;
                 if pause_thinker {
@@ -454,9 +455,9 @@ pub async fn run_turn(
                 }
                 let (earlier, unit) = (released.clone(), pending_text[..n].to_string());
                 let (role, user_text) = (role.clone(), input.text.clone());
-                let (c, reuse) = (cancel.child_token(), pipeline.prefix_cache);
+                let (c, reuse_cache) = (cancel.child_token(), pipeline.prefix_cache);
                 out_check = Some(Box::pin(async move {
-                    check_output(llm, policy, &role, &user_text, &earlier, &unit, reuse, c).await
+                    Guard { llm, policy, role: &role, reuse_cache }.check_output(&user_text, &earlier, &unit, c).await
                 }));
             }
         }
