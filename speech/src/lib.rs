@@ -178,6 +178,7 @@ impl Transcriber {
             avg_logprob: 0.0,
             ids: Vec::new(),
             decoder_calls: 0,
+            ties: 0,
             frames: 0,
         };
         let (mut logprob_sum, mut scored) = (0.0, 0usize);
@@ -221,6 +222,7 @@ impl Transcriber {
                 t.encoder_ms += cut.encoder_ms;
                 t.decoder_ms += cut.decoder_ms;
                 t.decoder_calls += cut.decoder_calls;
+                t.ties += cut.ties;
             }
             lang.get_or_insert(t.language.clone());
             if !all.text.is_empty() && !t.text.is_empty() {
@@ -231,6 +233,7 @@ impl Transcriber {
             all.tokens += t.tokens;
             all.ids.extend(&t.ids);
             all.decoder_calls += t.decoder_calls;
+            all.ties += t.ties;
             all.frames += t.frames;
             all.encoder_ms += t.encoder_ms;
             all.decoder_ms += t.decoder_ms;

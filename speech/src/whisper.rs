@@ -46,6 +46,16 @@ const MAX_TOKENS: usize = 220;
 /// one saves ~4. (Float32: 9.1-9.5, 10.7-11.6, 14.0-14.9, 20.7-20.8.)
 const MAX_GUESS: usize = 24;
 
+/// A choice read from a call that held guesses is made again without them when its two best
+/// logits are closer than this. The 8-bit decoder's kernels for one row and for several differ
+/// a little (tools/whisper-to-onnx: 0.008 on a Xeon, 0.125 on an AVX2-only EPYC on its smoke
+/// input, a real window; up to 0.44 on random features), so a near tie could go the other way
+/// than in the one-token call a transcription without a hint makes: on an AVX-512 Xeon a French
+/// clip came out "biopadés" with its whole transcript as the hint, "biopali" without. At 0.5,
+/// espeak-ng French (near noise for Whisper base) had so many ties that a whole hint cost more
+/// calls than none (15 against 11).
+const TIE: f32 = 0.2;
+
 /// A partial transcript's encoder window: the audio and 15 s of the silence Whisper pads with
 /// (in steps of 1 s, at most 30 s). A 3 s utterance runs an 18 s window, its encoder 96-104 ms
 /// instead of 214-249 for the whole 30 s window here (int8, 2 threads), and the decoder's
@@ -131,6 +141,9 @@ pub struct Transcript {
     /// language is detected without a guess, or guessed wrong), then one per token, fewer
     /// where the hint's guesses held. One per token fed with a decoder graph that takes one.
     pub decoder_calls: usize,
+    /// Of those, calls made again without the hint's guesses, for a near tie ([`TIE`]).
+    #[serde(skip)]
+    pub ties: usize,
 }
 
 impl Transcript {
@@ -383,6 +396,8 @@ impl Whisper {
         let max_guess = if self.batched { MAX_GUESS } else { 0 };
         let mut out: Vec<u32> = Vec::new();
         let mut logprob_sum = 0.0f32;
+        // The next call makes no guess (a near tie is decided again as without a hint).
+        let (mut exact, mut ties) = (false, 0);
         // Each call: `feed` (tokens surely in the transcript: the prompt, or the last choice)
         // and a guess of what follows; the choices are read from the rows while they agree
         // with the guess, and the cache is cut back to what was kept. (The last row may give a
@@ -392,8 +407,9 @@ impl Whisper {
             let room = self.meta.max_positions - position - feed.len();
             // No guess past the token cap: the token that reaches it ends the decoding.
             let cap = max_guess.min(room).min(MAX_TOKENS - out.len() - 1);
-            let guess = if feed == [SOT] { &[] } else { guess(hint, &out, cap) };
+            let guess = if feed == [SOT] || std::mem::take(&mut exact) { &[] } else { guess(hint, &out, cap) };
             let tokens: Vec<u32> = feed.iter().chain(guess).copied().collect();
+            let at = position;
             calls += if self.batched { 1 } else { tokens.len() };
             let mut rows = self.decode(&tokens, position, &mut past, &cross)?;
             if position == 0 {
@@ -420,8 +436,14 @@ impl Whisper {
             position += feed.len();
             let mut row = feed.len() - 1;
             let mut next = None;
+            // A near tie in a call that held guesses: the row whose choice is made again.
+            let mut tie = None;
             loop {
                 let (tok, lp) = self.pick(&mut rows[row], out.is_empty());
+                if !guess.is_empty() && lead(&rows[row], tok) < TIE {
+                    tie = Some(row);
+                    break;
+                }
                 logprob_sum += lp;
                 if tok == EOT {
                     break;
@@ -442,6 +464,19 @@ impl Whisper {
                     }
                 }
             }
+            if let Some(r) = tie {
+                // The cache back to before the tied row's input, which is fed again alone
+                // (the call's own tokens when it is the first row: the prompt, or the last
+                // choice; else a guess already kept).
+                exact = true;
+                ties += 1;
+                if r >= feed.len() {
+                    feed = vec![tokens[r]];
+                }
+                position = at + r + 1 - feed.len();
+                cut(&mut past, position);
+                continue;
+            }
             let Some(t) = next else { break };
             if tokens.len() > row + 1 {
                 // Guessed wrong: the cache drops the guesses past the last one kept.
@@ -461,9 +496,16 @@ impl Whisper {
             avg_logprob: logprob_sum / (out.len() + 1) as f32,
             ids: out,
             decoder_calls: calls,
+            ties,
             frames,
         })
     }
+}
+
+/// How far `tok`'s logit is above the best other one.
+fn lead(logits: &[f32], tok: u32) -> f32 {
+    let other = logits.iter().enumerate().filter(|&(i, _)| i != tok as usize).map(|(_, &l)| l);
+    logits[tok as usize] - other.fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// The self-attention cache cut back to its first `keep` positions.

@@ -587,15 +587,16 @@ fn a_hint_saves_decoder_calls_and_never_changes_the_transcript() {
         for (name, hint) in hints {
             let t = stt.transcribe(clip, *lang, &hint, &|| false).unwrap();
             eprintln!(
-                "{name}: {} calls, decoder {:.0} ms, against {} calls, {:.0} ms: {:?}",
-                t.decoder_calls, t.decoder_ms, plain.decoder_calls, plain.decoder_ms, t.text
+                "{name}: {} calls ({} again for a near tie), decoder {:.0} ms, against {} calls, {:.0} ms: {:?}",
+                t.decoder_calls, t.ties, t.decoder_ms, plain.decoder_calls, plain.decoder_ms, t.text
             );
             assert_eq!((&t.ids, &t.text), (&plain.ids, &plain.text), "hint {name}");
             // The same choices from the same rows, up to how the 8-bit decoder's calls of one
             // and of several tokens differ (tools/whisper-to-onnx): 0.003 seen on a French clip.
             assert!((t.avg_logprob - plain.avg_logprob).abs() < 0.02, "hint {name}: {t:?} against {plain:?}");
             assert!((t.no_speech_prob - plain.no_speech_prob).abs() < 1e-3, "hint {name}: {t:?}");
-            assert!(t.decoder_calls <= plain.decoder_calls, "hint {name}: {t:?}");
+            // A near tie read from a call of guesses costs that call again without them.
+            assert!(t.decoder_calls <= plain.decoder_calls + t.ties, "hint {name}: {t:?}");
             if name == "whole" {
                 whole_calls += t.decoder_calls;
                 plain_calls += plain.decoder_calls;
