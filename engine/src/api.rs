@@ -121,11 +121,26 @@ pub struct PrefillRequest {
     /// the prompt's total; on a hybrid model the pass to where the turn's text begins first,
     /// against that point), as a generation's prefill is heard of; none by default.
     pub progress: Option<mpsc::UnboundedSender<GenEvent>>,
+    /// The generation this prefill is ahead of: its [`GenerateRequest::history`], and the
+    /// `max_tokens` and `thinking_budget` of its options, which decide how much of that history
+    /// fits. The prefill leaves out the oldest messages the generation will leave out: a long
+    /// session's voice turn prefilled the whole history, the generation dropped half of it, and
+    /// found nothing after the system prompt held (the whole prompt decoded again).
+    pub history: Option<(usize, usize)>,
+    pub options: GenerateOptions,
 }
 
 impl PrefillRequest {
     pub fn new(role: impl Into<String>, messages: Vec<ChatMessage>, slot: u32) -> PrefillRequest {
-        PrefillRequest { role: role.into(), messages, slot, upto: Upto::Cut, progress: None }
+        PrefillRequest {
+            role: role.into(),
+            messages,
+            slot,
+            upto: Upto::Cut,
+            progress: None,
+            history: None,
+            options: GenerateOptions::default(),
+        }
     }
 }
 
@@ -135,10 +150,11 @@ pub enum Upto {
     /// To [`PREFILL_CUT`]: the words heard so far.
     #[default]
     Cut,
-    /// A generation's whole prompt (`thinking_budget` as its request's), less what the generation
-    /// decodes itself: its last token, or on a hybrid model what follows the conversation (the
-    /// generation keeps its state there for the next turn, which a longer prefill would refuse).
-    Generation { thinking_budget: Option<u32> },
+    /// A generation's whole prompt (as its request's, [`PrefillRequest::options`]), less what the
+    /// generation decodes itself: its last token, or on a hybrid model what follows the
+    /// conversation (the generation keeps its state there for the next turn, which a longer
+    /// prefill would refuse).
+    Generation,
     /// A check's (a classification's) whole prompt with this answer start, less its last token
     /// (the check decodes it for the labels' logits).
     Check { answer_prefix: String },

@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use crate::api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateRequest, LlmError,
+    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, LlmError,
     Prefilled as PrefillSummary, Upto, PREFILL_CUT,
 };
 use kazeia_ipc::{Metrics, StopReason};
@@ -545,21 +545,24 @@ fn thinks(cfg: &RoleParams, budget: Option<u32>) -> bool {
 /// messages, how many were dropped, and the prompt's tokens ([`Run::tokenize`]). Half at a time,
 /// so that the next turns find the shorter history's start cached (one pair at a time would
 /// change the prompt's start at every turn, all of it prefilled again).
+/// A prefill ahead of the generation (`prefill_ahead`) leaves out the same messages.
 #[allow(clippy::type_complexity)]
 fn fitted(
     run: &Run<'_, '_>,
-    request: &GenerateRequest,
+    messages: &[ChatMessage],
+    history: Option<(usize, usize)>,
+    answer_prefix: &str,
     room: u32,
     thinking: bool,
 ) -> Result<(Vec<ChatMessage>, usize, (Vec<LlamaToken>, usize, bool)), GenerateError> {
-    let mut messages = request.messages.clone();
-    let history = request.history.filter(|&(s, l)| l >= 2 && s + l <= messages.len());
+    let mut messages = messages.to_vec();
+    let history = history.filter(|&(s, l)| l >= 2 && s + l <= messages.len());
     let n_ctx = run.ctx.n_ctx() as usize;
     let room = (room as usize).min(n_ctx / 2);
     let (start, len) = history.unwrap_or((0, 0));
     let (mut dropped, mut left) = (0, len - len % 2);
     loop {
-        match run.tokenize(&messages, &request.answer_prefix, thinking) {
+        match run.tokenize(&messages, answer_prefix, thinking) {
             Ok(t) if left == 0 || t.0.len() + room <= n_ctx => return Ok((messages, dropped, t)),
             Err(e) if left == 0 || !matches!(e, GenerateError::ContextOverflow { .. }) => return Err(e),
             _ => {}
@@ -572,19 +575,36 @@ fn fitted(
     }
 }
 
+/// What a generation with `opts` writes after its prompt: its most new tokens, the reasoning
+/// budget (the whole generation's room when it reasons), and the room for both.
+struct Room {
+    max_new: u32,
+    budget: u32,
+    thinking: bool,
+    room: u32,
+}
+
+impl Room {
+    fn new(cfg: &RoleParams, opts: &GenerateOptions) -> Room {
+        let max_new = opts.max_tokens.unwrap_or(cfg.sampling.max_tokens);
+        let thinking = thinks(cfg, opts.thinking_budget);
+        // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
+        let budget = opts.thinking_budget.or(cfg.thinking_budget).unwrap_or(max_new).max(1);
+        // Room for the answer, and for the reasoning before it (and the block's close).
+        let room = max_new.saturating_add(if thinking { budget.saturating_add(16) } else { 0 });
+        Room { max_new, budget, thinking, room }
+    }
+}
+
 fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateError> {
     let start = job.submitted;
     let opts = &job.request.options;
     // A vanished listener is a cancel: nobody would read what we produce.
     let cancelled = || job.cancel.is_cancelled() || job.events.is_closed();
-    let max_new = opts.max_tokens.unwrap_or(run.cfg.sampling.max_tokens);
-    let budget = opts.thinking_budget.or(run.cfg.thinking_budget);
-    let thinking = thinks(run.cfg, opts.thinking_budget);
-    // Unbounded reasoning once hung the app: without a budget, the turn's max_tokens bounds it.
-    let budget = budget.unwrap_or(max_new).max(1);
-    // Room for the answer, and for the reasoning before it (and the block's close).
-    let room = max_new.saturating_add(if thinking { budget.saturating_add(16) } else { 0 });
-    let (messages, dropped, (tokens, base, opened)) = fitted(run, &job.request, room, thinking)?;
+    let Room { max_new, budget, thinking, room } = Room::new(run.cfg, opts);
+    let request = &job.request;
+    let (messages, dropped, (tokens, base, opened)) =
+        fitted(run, &request.messages, request.history, &request.answer_prefix, room, thinking)?;
     let total = tokens.len() as u32;
     let n_ctx = run.ctx.n_ctx();
     let mut metrics = Metrics { prompt_tokens: total, ..Metrics::default() };
@@ -870,11 +890,22 @@ fn prefill_ahead(
     queued: &dyn Fn() -> bool,
 ) -> Result<PrefillSummary, GenerateError> {
     let t = Instant::now();
-    let messages = &job.request.messages;
-    let tokens = match &job.request.upto {
+    let request = &job.request;
+    // The messages the generation will read: as many of the history's as fit beside its room.
+    let Room { room, thinking, .. } = Room::new(run.cfg, &request.options);
+    let fit = |messages: &[ChatMessage]| -> Result<Vec<ChatMessage>, GenerateError> {
+        match request.history {
+            Some(h) => Ok(fitted(run, messages, Some(h), "", room, thinking)?.0),
+            None => Ok(messages.to_vec()),
+        }
+    };
+    let messages = &match &request.upto {
+        Upto::Check { .. } => request.messages.clone(),
+        _ => fit(&request.messages)?,
+    };
+    let tokens = match &request.upto {
         Upto::Cut => run.tokenize_until(messages)?,
-        Upto::Generation { thinking_budget } => {
-            let thinking = thinks(run.cfg, *thinking_budget);
+        Upto::Generation => {
             let (mut tokens, base, _) = run.tokenize(messages, "", thinking)?;
             // Where `generate` starts decoding: its hybrid pass ends before the last token of the
             // conversation, an attention model's prefill before the prompt's last token.

@@ -259,6 +259,15 @@ pub(crate) fn thinker_messages(plan: &Plan, input: &TurnInput, engines: &Engines
     messages
 }
 
+/// Where the session's earlier turns are in the Thinker's `messages` ([`thinker_messages`]):
+/// between the system prompt and the question. The engine leaves out the oldest of them when
+/// the prompt would not fit (`GenerateRequest::history`), and a prefill ahead the same ones.
+pub(crate) fn thinker_history(plan: &Plan, messages: &[ChatMessage]) -> Option<(usize, usize)> {
+    let system = usize::from(plan.think_system.is_some());
+    let history = messages.len().saturating_sub(1 + system);
+    (history > 0).then_some((system, history))
+}
+
 /// Bytes kept of the question's start and of its end, and of the reply before the unit, when
 /// an output check does not fit the guard's context whole: with a unit (at most
 /// `split::MAX_BYTES`) and the guard's instructions, at most ~1,750 tokens (a byte-level BPE
@@ -370,11 +379,7 @@ pub async fn run_turn(
     let mut options = input.options.clone();
     options.thinking_budget = options.thinking_budget.or(plan.think_budget);
     let mut request = GenerateRequest::new(&think_role, messages, options);
-    // The session's earlier turns, between the system prompt and the question: the engine
-    // leaves out the oldest of them when the prompt would not fit.
-    let system = usize::from(plan.think_system.is_some());
-    let history = request.messages.len() - 1 - system;
-    request.history = (history > 0).then_some((system, history));
+    request.history = thinker_history(&plan, &request.messages);
     let mut thinker: Option<mpsc::UnboundedReceiver<GenEvent>> = None;
     if guard_in.is_none() || pipeline.overlap {
         match llm.generate(request.clone(), thinker_cancel.clone()) {

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::definition::Pipeline;
 use crate::guard::Check;
-use crate::runner::{thinker_messages, Engines, TurnInput};
+use crate::runner::{thinker_history, thinker_messages, Engines, TurnInput};
 
 /// The part of a partial transcript worth prefilling: up to the end of its last word but one,
 /// or None when that leaves nothing (or the text holds the cut mark).
@@ -79,8 +79,12 @@ pub async fn warm(
     let input_check = plan.input_guard.as_ref().filter(|_| guards).map(|role| guard_prefill(role, Check::Input));
     let thinker = plan.think.as_ref().map(|role| {
         let mut r = PrefillRequest::new(role.clone(), thinker_messages(&plan, input, &engines, &heard), 0);
+        // The turn's generation leaves out the oldest history when it does not fit: so does this.
+        r.history = thinker_history(&plan, &r.messages);
+        r.options = input.options.clone();
+        r.options.thinking_budget = r.options.thinking_budget.or(plan.think_budget);
         if whole {
-            r.upto = Upto::Generation { thinking_budget: input.options.thinking_budget.or(plan.think_budget) };
+            r.upto = Upto::Generation;
         }
         (role.clone(), engines.llm.prefill(r, cancel.clone()))
     });

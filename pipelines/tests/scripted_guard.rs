@@ -24,6 +24,9 @@ const SENTENCES: [&str; 3] = ["Paris is the capital. ", "Here is how to hurt som
 /// The guard's script: the verdict for a check, from its slot and the text it sees.
 type Script = dyn Fn(Check, &str) -> Label + Send + Sync;
 
+/// What decides the history a request keeps: the history's place in its messages, its options.
+type Fit = (Option<(usize, usize)>, GenerateOptions);
+
 struct Scripted {
     script: Box<Script>,
     /// Label strings as the guard format writes them.
@@ -37,6 +40,9 @@ struct Scripted {
     checks: Mutex<Vec<(u32, String)>>,
     /// The prefills ahead of time asked for: (role, slot, the messages' text, how far).
     prefilled: Mutex<Vec<(String, u32, String, Upto)>>,
+    /// What decides the history each prefill and the Thinker's request keep, in order: the
+    /// history's place, and the options.
+    fits: Mutex<Vec<Fit>>,
     classified: AtomicU32,
     /// The Thinker's reply, streamed a word at a time.
     reply: Vec<String>,
@@ -55,6 +61,7 @@ impl Scripted {
             guard_saw: Mutex::new(String::new()),
             checks: Mutex::new(Vec::new()),
             prefilled: Mutex::new(Vec::new()),
+            fits: Mutex::new(Vec::new()),
             classified: AtomicU32::new(0),
             reply: SENTENCES.iter().map(|s| s.to_string()).collect(),
             guard_room: usize::MAX,
@@ -81,6 +88,7 @@ impl Llm for Scripted {
         assert_eq!(request.role, "thinker", "the guard only classifies here (categories off)");
         *self.thinker_cancel.lock().unwrap() = Some(cancel.clone());
         *self.thinker_messages.lock().unwrap() = request.messages.clone();
+        self.fits.lock().unwrap().push((request.history, request.options.clone()));
         let (tx, rx) = mpsc::unbounded_channel();
         let tokens: Vec<String> = self.reply.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect();
         tokio::spawn(async move {
@@ -141,6 +149,9 @@ impl Llm for Scripted {
         request: PrefillRequest,
         _cancel: CancellationToken,
     ) -> Result<oneshot::Receiver<Result<Prefilled, LlmError>>, LlmError> {
+        if request.role == "thinker" {
+            self.fits.lock().unwrap().push((request.history, request.options.clone()));
+        }
         self.prefilled.lock().unwrap().push((request.role, request.slot, text_of(&request.messages), request.upto));
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Ok(Prefilled { prompt_tokens: 1, prefilled_tokens: 1, ms: 1.0 }));
@@ -494,7 +505,7 @@ async fn a_whole_transcript_is_prefilled_as_the_turn_will_ask() {
     let input = |budget| TurnInput {
         text: question.into(),
         session: Some("s".into()),
-        options: GenerateOptions { thinking_budget: budget, ..Default::default() },
+        options: GenerateOptions { thinking_budget: budget, max_tokens: Some(7), ..Default::default() },
         ..Default::default()
     };
     let outcomes = kazeia_pipelines::warm(pipeline, &input(Some(0)), true, engines(), CancellationToken::new()).await;
@@ -513,7 +524,14 @@ async fn a_whole_transcript_is_prefilled_as_the_turn_will_ask() {
     let (role, slot, text, upto) = &prefilled[1];
     assert_eq!((role.as_str(), *slot), ("thinker", 0));
     assert_eq!(*text, text_of(&llm.thinker_messages.lock().unwrap()), "the Thinker's own prompt");
-    assert_eq!(*upto, Upto::Generation { thinking_budget: Some(0) });
+    assert_eq!(*upto, Upto::Generation);
+    // The prefill leaves out the history the Thinker's request will leave out: the same place,
+    // the same budget and most new tokens.
+    let fits = llm.fits.lock().unwrap().clone();
+    assert_eq!(fits.len(), 2, "{fits:?}");
+    assert_eq!(fits[0], fits[1]);
+    assert!(matches!(fits[0].0, Some((_, n)) if n >= 2), "the session's turns: {fits:?}");
+    assert_eq!((fits[0].1.thinking_budget, fits[0].1.max_tokens), (Some(0), Some(7)));
     let (role, slot, text, upto) = &prefilled[2];
     assert_eq!((role.as_str(), *slot), ("guard", Check::Output.slot()));
     assert_eq!(*upto, Upto::Cut);

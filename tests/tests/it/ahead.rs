@@ -333,3 +333,69 @@ async fn a_running_prefill_stops_for_a_request_smollm2() {
 async fn a_running_prefill_stops_for_a_request_qwen35() {
     a_running_prefill_stops_for_a_request(&qwen35_tiny()).await;
 }
+
+/// The first token of the Thinker's greedy answer to `request`, and the summary (the rest is
+/// not generated: the request is cancelled once its first token came).
+async fn first_token(engine: &Engine, request: GenerateRequest) -> (String, GenSummary) {
+    let cancel = CancellationToken::new();
+    let mut rx = engine.generate(request, cancel.clone()).unwrap();
+    let mut first = String::new();
+    loop {
+        match rx.recv().await.expect("the engine finishes") {
+            GenEvent::Token { text, .. } => {
+                if first.is_empty() {
+                    first = text;
+                }
+                cancel.cancel();
+            }
+            GenEvent::Finished(r) => return (first, r.unwrap()),
+            _ => {}
+        }
+    }
+}
+
+/// A session past the Thinker's context with room for the reply: the turn's generation leaves
+/// out the oldest half of the history, and the prefill ahead of it (a voice turn's whole
+/// transcript) leaves out the same, so that the generation decodes only what it decodes itself
+/// (its last token, or on a hybrid model what follows the conversation). A prefill of the whole
+/// history was lost: the generation departed from it after the first message it kept, and
+/// decoded nearly all of its prompt again. Answers as a cold context does.
+async fn a_long_history_is_prefilled_as_the_generation_fits_it(file: &std::path::Path) {
+    let engine = engine(file);
+    let mut messages = Vec::new();
+    for i in 0..17 {
+        messages.push(ChatMessage::new("user", format!("Tell me fact number {i} about the sea and its old harbours.")));
+        messages.push(ChatMessage::new("assistant", "The sea is wide, the ships are many, and the harbours are busy."));
+    }
+    messages.push(ChatMessage::new("user", "What is the capital of France?"));
+    let history = Some((0, messages.len() - 1));
+    // ~750 prompt tokens: within the 1024 cells, but not with 400 to answer in.
+    let opts = GenerateOptions { temperature: Some(0.0), max_tokens: Some(400), ..Default::default() };
+    let mut ahead = PrefillRequest::new("thinker", messages.clone(), 0);
+    ahead.upto = kazeia_engine::Upto::Generation;
+    ahead.history = history;
+    ahead.options = opts.clone();
+    let p = engine.prefill(ahead, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+    let mut request = GenerateRequest::new("thinker", messages, opts);
+    request.history = history;
+    let (first, s) = first_token(&engine, request.clone()).await;
+    assert!(s.dropped_messages >= 2, "{file:?}: the history fits, the test asks nothing: {s:?}");
+    assert!(
+        s.cached_tokens >= p.prompt_tokens && s.prefilled_tokens < 16,
+        "{file:?}: {} of the prompt held after the prefill ahead ({p:?}): {s:?}",
+        s.cached_tokens
+    );
+    let (cold_first, cold) = first_token(&self::engine(file), request).await;
+    assert_eq!(cold.cached_tokens, 0);
+    assert_eq!(first, cold_first, "{file:?}: answered otherwise after the prefill ahead");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_history_is_prefilled_as_the_generation_fits_it_smollm2() {
+    a_long_history_is_prefilled_as_the_generation_fits_it(&smollm2()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_history_is_prefilled_as_the_generation_fits_it_qwen35() {
+    a_long_history_is_prefilled_as_the_generation_fits_it(&qwen35_tiny()).await;
+}
