@@ -508,7 +508,7 @@ impl Default for BudgetConfig {
 impl BudgetConfig {
     /// The engine's share.
     pub fn budget_bytes(&self) -> u64 {
-        self.device_ram.saturating_sub(self.reserve_os + self.reserve_app)
+        self.device_ram.saturating_sub(self.reserve_os.saturating_add(self.reserve_app))
     }
 }
 
@@ -911,6 +911,9 @@ mod tests {
         assert_eq!(parse_bytes("12 parsecs"), None);
         let c = parse("[budget]\ndevice_ram = \"24GiB\"\nreserve_os = 2147483648\n").unwrap();
         assert_eq!(c.budget.budget_bytes(), (24 << 30) - (2 << 30) - (1 << 30));
+        // Reserves past the RAM leave no budget (their sum wrapped to some 15 GiB).
+        let c = parse("[budget]\nreserve_os = \"99999999999GiB\"\nreserve_app = \"99999999999GiB\"\n").unwrap();
+        assert_eq!(c.budget.budget_bytes(), 0);
         let e = parse("[budget]\ndevice_ram = \"lots\"\n").unwrap_err().to_string();
         assert!(e.contains("models.toml:2") && e.contains("device_ram"), "{e}");
     }

@@ -93,33 +93,31 @@ pub const PER_VOCAB_ENTRY: u64 = 300;
 impl Estimate {
     /// The file's part: weights and their repack copy. Roles sharing one loaded file pay it once.
     pub fn file_bytes(&self) -> u64 {
-        self.weights_bytes + self.repack_bytes
+        self.weights_bytes.saturating_add(self.repack_bytes)
     }
 
     /// The role's own part: KV, recurrent state, touched compute, runtime tables.
     pub fn context_bytes(&self) -> u64 {
-        self.kv_bytes + self.recurrent_bytes + self.checkpoints_total() + self.compute_bytes + self.overhead_bytes
+        [self.kv_bytes, self.recurrent_bytes, self.checkpoints_total(), self.compute_bytes, self.overhead_bytes]
+            .into_iter()
+            .fold(0, u64::saturating_add)
     }
 
     /// All the checkpoints' bytes.
     pub fn checkpoints_total(&self) -> u64 {
-        self.checkpoints * self.checkpoint_bytes
+        self.checkpoints.saturating_mul(self.checkpoint_bytes)
     }
 
     /// The one cost function: what loading this role adds, given whether its file is already
     /// loaded for another role. The plan, the ledger's admission and the supervisor all use it.
+    /// Sums saturate: a figure past u64 (an odd header, an odd context) is over any budget, never
+    /// wrapped under it.
     pub fn cost(&self, file_already_loaded: bool) -> u64 {
-        self.context_bytes() + if file_already_loaded { 0 } else { self.file_bytes() }
+        self.context_bytes().saturating_add(if file_already_loaded { 0 } else { self.file_bytes() })
     }
 
     pub fn total(&self) -> u64 {
-        self.weights_bytes
-            + self.repack_bytes
-            + self.kv_bytes
-            + self.recurrent_bytes
-            + self.checkpoints_total()
-            + self.compute_bytes
-            + self.overhead_bytes
+        self.file_bytes().saturating_add(self.context_bytes())
     }
 }
 
@@ -151,6 +149,23 @@ fn get_u64(h: &GgufHeader, key: &str) -> Option<u64> {
     h.arch_u64(key)
 }
 
+/// The largest figure a header may give for a model dimension (layers, heads, lengths, state
+/// sizes, vocabulary), far past any real model's (Qwen3.5-9B: 32 layers, 4096 wide, 248,320
+/// tokens). Past it the header is refused: a `block_count` of 2^40 allocated per-layer tables of
+/// 16 TiB and aborted the daemon, and products of such figures wrapped u64.
+pub const MAX_DIM: u64 = 1 << 24;
+
+/// The most layers a header may give (the per-layer tables are this long).
+pub const MAX_LAYERS: u64 = 1 << 16;
+
+/// `v`, if at most [`MAX_DIM`].
+fn plausible(arch: &str, key: &str, v: u64) -> Result<u64, String> {
+    match v <= MAX_DIM {
+        true => Ok(v),
+        false => Err(format!("{arch}: {arch}.{key} = {v} is not plausible (at most {MAX_DIM})")),
+    }
+}
+
 /// A per-layer value that GGUF may store as one number or as an array.
 fn per_layer(h: &GgufHeader, key: &str, n_layer: u64) -> Option<Vec<u64>> {
     let arch = h.architecture()?;
@@ -163,14 +178,24 @@ fn per_layer(h: &GgufHeader, key: &str, n_layer: u64) -> Option<Vec<u64>> {
 impl Shape {
     pub fn from_header(h: &GgufHeader) -> Result<Shape, String> {
         let arch = h.architecture().ok_or("no general.architecture")?.to_string();
-        let need = |k: &str| get_u64(h, k).ok_or_else(|| format!("{arch}: no {arch}.{k} in the header"));
+        let need = |k: &str| {
+            let v = get_u64(h, k).ok_or_else(|| format!("{arch}: no {arch}.{k} in the header"))?;
+            plausible(&arch, k, v)
+        };
+        let maybe = |k: &str| get_u64(h, k).map(|v| plausible(&arch, k, v)).transpose();
         let n_layer = need("block_count")?;
+        if n_layer > MAX_LAYERS {
+            return Err(format!("{arch}: {arch}.block_count = {n_layer} is not plausible (at most {MAX_LAYERS})"));
+        }
         let n_embd = need("embedding_length")?;
         let n_head = need("attention.head_count")?.max(1);
         let n_head_kv =
             per_layer(h, "attention.head_count_kv", n_layer).unwrap_or_else(|| vec![n_head; n_layer as usize]);
-        let k_len = get_u64(h, "attention.key_length").unwrap_or(n_embd / n_head);
-        let v_len = get_u64(h, "attention.value_length").unwrap_or(n_embd / n_head);
+        if let Some(&v) = n_head_kv.iter().find(|&&v| v > MAX_DIM) {
+            plausible(&arch, "attention.head_count_kv", v)?;
+        }
+        let k_len = maybe("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let v_len = maybe("attention.value_length")?.unwrap_or(n_embd / n_head);
         let n_vocab = match h.get("tokenizer.ggml.tokens") {
             Some(Value::Array(t)) => t.len() as u64,
             _ => h
@@ -180,6 +205,7 @@ impl Shape {
                 .and_then(|t| t.dims.get(1).copied())
                 .unwrap_or(0),
         };
+        let n_vocab = plausible(&arch, "vocabulary", n_vocab)?;
         let mut kv: Vec<u64> =
             (0..n_layer as usize).map(|i| n_head_kv.get(i).copied().unwrap_or(n_head) * (k_len + v_len)).collect();
         let mut window = vec![None; n_layer as usize];
@@ -187,20 +213,23 @@ impl Shape {
         let mut n_recurrent_layers = 0;
         let mut recurrent_heads_x_state = 0;
         let n_ff = per_layer(h, "feed_forward_length", n_layer).and_then(|v| v.into_iter().max()).unwrap_or(4 * n_embd);
+        let n_ff = plausible(&arch, "feed_forward_length", n_ff)?;
         match arch.as_str() {
             "qwen35" | "qwen3next" => {
                 // Layer i is full attention when (i + 1) % interval == 0; the others are DeltaNet.
                 let interval = get_u64(h, "full_attention_interval").unwrap_or(4).max(1);
-                let conv = need("ssm.conv_kernel")?;
+                // The convolution keeps its last `conv - 1` inputs (none for a kernel of 0 or 1).
+                let conv = need("ssm.conv_kernel")?.max(1);
                 let state = need("ssm.state_size")?;
                 let groups = need("ssm.group_count")?;
                 let inner = need("ssm.inner_size")?;
-                recurrent_heads_x_state = get_u64(h, "ssm.time_step_rank").unwrap_or(inner / state.max(1)) * state;
-                let per_layer_rs = 4 * ((conv - 1) * (inner + 2 * groups * state) + state * inner);
+                recurrent_heads_x_state = maybe("ssm.time_step_rank")?.unwrap_or(inner / state.max(1)) * state;
+                let conv_state = (conv - 1).saturating_mul(inner + 2 * groups * state);
+                let per_layer_rs = conv_state.saturating_add(state * inner).saturating_mul(4);
                 for (i, e) in kv.iter_mut().enumerate() {
                     if !(i as u64 + 1).is_multiple_of(interval) {
                         *e = 0;
-                        recurrent += per_layer_rs;
+                        recurrent = u64::saturating_add(recurrent, per_layer_rs);
                         n_recurrent_layers += 1;
                     }
                 }
@@ -240,7 +269,7 @@ impl Shape {
 
 /// llama.cpp pads KV cells to 256.
 fn pad256(n: u64) -> u64 {
-    n.div_ceil(256) * 256
+    n.div_ceil(256).saturating_mul(256)
 }
 
 /// Tensor types the CPU backend repacks into its own buffer on x86 and ARM.
@@ -269,28 +298,28 @@ pub fn estimate(h: &GgufHeader, p: &ContextParams) -> Result<Estimate, String> {
             let cells = match w {
                 // Without swa_full the sliding-window cache holds the window per sequence plus
                 // one ubatch.
-                Some(win) if !p.swa_full => pad256((win * p.n_seq + p.n_ubatch).min(p.n_ctx)),
+                Some(win) if !p.swa_full => pad256(win.saturating_mul(p.n_seq).saturating_add(p.n_ubatch).min(p.n_ctx)),
                 _ => n_ctx,
             };
             // Heads × (k × key bytes + v × value bytes), the types' blocks of 32.
             let heads = e / (shape.k_len + shape.v_len).max(1);
             let per_token_x32 = heads * (shape.k_len * p.type_k.bytes_per_32() + shape.v_len * p.type_v.bytes_per_32());
-            per_token_x32 * cells / 32
+            per_token_x32.saturating_mul(cells) / 32
         })
-        .sum();
+        .fold(0, u64::saturating_add);
     let compute_bytes = compute_touched(&shape, p);
     Ok(Estimate {
         weights_bytes,
         repack_bytes,
         kv_bytes,
-        recurrent_bytes: shape.recurrent_bytes_per_seq * p.n_seq,
-        checkpoints: if shape.recurrent_bytes_per_seq > 0 { p.checkpoints * p.n_seq } else { 0 },
+        recurrent_bytes: shape.recurrent_bytes_per_seq.saturating_mul(p.n_seq),
+        checkpoints: if shape.recurrent_bytes_per_seq > 0 { p.checkpoints.saturating_mul(p.n_seq) } else { 0 },
         // llama.cpp's partial sequence state: the recurrent layers' state (no SWA layers on a
         // model that has recurrent ones, among those we run).
         checkpoint_bytes: shape.recurrent_bytes_per_seq,
         compute_bytes,
         overhead_bytes: FIXED_OVERHEAD + PER_VOCAB_ENTRY * shape.n_vocab,
-        compute_reserved_bytes: compute_bytes + p.n_ubatch * shape.n_vocab * 4,
+        compute_reserved_bytes: compute_bytes.saturating_add(p.n_ubatch.saturating_mul(shape.n_vocab * 4)),
     })
 }
 
@@ -302,9 +331,9 @@ fn compute_touched(s: &Shape, p: &ContextParams) -> u64 {
     }
     if !p.flash_attn {
         // The attention scores of one layer: n_head × n_kv per token of the ubatch.
-        floats_per_token += s.n_head * pad256(p.n_ctx);
+        floats_per_token = floats_per_token.saturating_add(s.n_head.saturating_mul(pad256(p.n_ctx)));
     }
-    p.n_ubatch * floats_per_token * 4
+    p.n_ubatch.saturating_mul(floats_per_token).saturating_mul(4)
 }
 
 /// Where a model's bytes go when its layers are offloaded.
@@ -327,7 +356,8 @@ pub fn htp_runs(t: GgmlType) -> bool {
 /// Split the tensors' bytes by layer for an offload plan; `on_device` says which tensor types
 /// the device runs (see [`htp_runs`]).
 pub fn layer_bytes(h: &GgufHeader, on_device: impl Fn(GgmlType) -> bool) -> LayerBytes {
-    let n = h.arch_u64("block_count").unwrap_or(0) as usize;
+    // (A header past MAX_LAYERS layers was refused by the estimate, before any split.)
+    let n = h.arch_u64("block_count").unwrap_or(0).min(MAX_LAYERS) as usize;
     let mut out = LayerBytes { layers: vec![0u64; n], ..LayerBytes::default() };
     for t in &h.tensors {
         let b = t.n_bytes();
@@ -342,4 +372,87 @@ pub fn layer_bytes(h: &GgufHeader, on_device: impl Fn(GgmlType) -> bool) -> Laye
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufHeader;
+    use std::collections::BTreeMap;
+
+    /// A header of `arch` with these architecture keys, no tensors.
+    fn header(arch: &str, keys: &[(&str, Value)]) -> GgufHeader {
+        let mut metadata = BTreeMap::new();
+        metadata.insert("general.architecture".to_string(), Value::Str(arch.into()));
+        for (k, v) in keys {
+            metadata.insert(format!("{arch}.{k}"), v.clone());
+        }
+        GgufHeader { path: "m.gguf".into(), version: 3, metadata, tensors: vec![], data_offset: 0, file_size: 0 }
+    }
+
+    fn llama(block_count: u64) -> Vec<(&'static str, Value)> {
+        vec![
+            ("block_count", Value::U64(block_count)),
+            ("embedding_length", Value::U32(576)),
+            ("attention.head_count", Value::U32(9)),
+            ("attention.head_count_kv", Value::U32(3)),
+        ]
+    }
+
+    /// Figures no model has are refused with the key named: a block_count of 2^40 allocated
+    /// per-layer tables of 16 TiB (the allocation failed and aborted the daemon).
+    #[test]
+    fn implausible_figures_are_refused() {
+        let e = estimate(&header("llama", &llama(1 << 40)), &ContextParams::default()).unwrap_err();
+        assert!(e.contains("llama.block_count = 1099511627776 is not plausible"), "{e}");
+        let mut keys = llama(30);
+        keys[3] = ("attention.head_count_kv", Value::Array(vec![Value::U32(3), Value::U64(u64::MAX)]));
+        let e = estimate(&header("llama", &keys), &ContextParams::default()).unwrap_err();
+        assert!(e.contains("head_count_kv"), "{e}");
+        keys[3] = ("attention.key_length", Value::U64(1 << 40));
+        assert!(estimate(&header("llama", &keys), &ContextParams::default()).unwrap_err().contains("key_length"));
+        let e = estimate(&header("llama", &llama(30)), &ContextParams::default()).unwrap();
+        assert!(e.kv_bytes > 0 && e.total() > e.kv_bytes, "{e:?}");
+    }
+
+    /// Large but plausible figures, and any context settings, saturate instead of wrapping: the
+    /// total is over any budget, never a small number; a kernel of 0 keeps no convolution state
+    /// (`conv - 1` underflowed).
+    #[test]
+    fn large_figures_saturate() {
+        let big = Value::U64(MAX_DIM);
+        let mut keys = vec![
+            ("block_count", Value::U64(MAX_LAYERS)),
+            ("embedding_length", big.clone()),
+            ("attention.head_count", Value::U32(1)),
+            ("feed_forward_length", big.clone()),
+        ];
+        for k in ["ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size"] {
+            keys.push((k, big.clone()));
+        }
+        let huge = ContextParams {
+            n_ctx: u64::MAX,
+            n_ubatch: u64::MAX,
+            n_seq: u64::MAX,
+            checkpoints: u64::MAX,
+            flash_attn: false,
+            swa_full: false,
+            ..ContextParams::default()
+        };
+        let e = estimate(&header("qwen35", &keys), &huge).unwrap();
+        assert_eq!((e.total(), e.cost(false), e.cost(true)), (u64::MAX, u64::MAX, u64::MAX), "{e:?}");
+        let small = |k: &'static str, v: u32| (k, Value::U32(v));
+        let keys = [
+            small("block_count", 8),
+            small("embedding_length", 64),
+            small("attention.head_count", 1),
+            small("ssm.conv_kernel", 0),
+            small("ssm.state_size", 16),
+            small("ssm.group_count", 2),
+            small("ssm.inner_size", 128),
+        ];
+        let e = estimate(&header("qwen35", &keys), &ContextParams::default()).unwrap();
+        // 6 DeltaNet layers of 16 x 128 F32 state each, no convolution state.
+        assert_eq!(e.recurrent_bytes, 6 * 4 * 16 * 128, "{e:?}");
+    }
 }

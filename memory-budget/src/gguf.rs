@@ -87,8 +87,9 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// Elements (saturating: [`read_header`] refuses a tensor whose count overflows).
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).unwrap_or(u64::MAX)
     }
     /// Bytes of this tensor's data.
     pub fn n_bytes(&self) -> u64 {
@@ -157,10 +158,10 @@ impl GgmlType {
         self.traits().map_or_else(|| format!("type{}", self.0), |t| t.0.to_string())
     }
 
-    /// Bytes needed for `n` elements (rounded up to whole blocks).
+    /// Bytes needed for `n` elements (rounded up to whole blocks; saturating).
     pub fn bytes_for(self, n: u64) -> u64 {
         let (_, block, size) = self.traits().unwrap_or(("?", 1, 4));
-        n.div_ceil(block) * size
+        n.div_ceil(block).saturating_mul(size)
     }
 }
 
@@ -194,7 +195,7 @@ impl GgufHeader {
 
     /// Sum of all tensor data bytes.
     pub fn weights_bytes(&self) -> u64 {
-        self.tensors.iter().map(TensorInfo::n_bytes).sum()
+        self.tensors.iter().map(TensorInfo::n_bytes).fold(0, u64::saturating_add)
     }
 }
 
@@ -269,6 +270,14 @@ impl<R: Read> Reader<R> {
             8 => Value::Str(self.string(what)?),
             9 => {
                 let item_ty = self.u32(what)?;
+                // llama.cpp reads no array of arrays; nested, each level took a stack frame (a
+                // 100 KB header of them overflowed the stack and aborted the daemon).
+                if item_ty == 9 {
+                    return Err(GgufError::Malformed {
+                        path: self.path.clone(),
+                        what: format!("{what} is an array of arrays"),
+                    });
+                }
                 let len = self.u64(what)?;
                 if len > MAX_ARRAY || self.pos + len > self.file_size {
                     return Err(self.malformed_or_truncated(what, len));
@@ -351,16 +360,32 @@ pub fn read_header(path: impl AsRef<Path>) -> Result<GgufHeader, GgufError> {
             return Err(GgufError::Malformed { path, what: format!("tensor {name} has unknown type {}", ggml_type.0) });
         }
         let offset = r.u64(&name)?;
+        // Sizes in u64 throughout: a count that overflows it (dims 2^32 x 2^32) wrapped to 0 in
+        // a release build, and the tensor passed for an empty one.
+        let bytes = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).and_then(|n| {
+            let (_, block, size) = ggml_type.traits()?;
+            n.div_ceil(block).checked_mul(size)?.checked_add(offset)
+        });
+        if bytes.is_none() {
+            return Err(GgufError::Malformed { path, what: format!("tensor {name}'s size or offset overflows") });
+        }
         tensors.push(TensorInfo { name, dims, ggml_type, offset });
     }
 
-    let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1);
+    // llama.cpp takes a power of two only.
+    let alignment = metadata.get("general.alignment").map_or(Some(32), Value::as_u64);
+    let Some(alignment) = alignment.filter(|a| a.is_power_of_two() && *a <= 1 << 30) else {
+        let what = format!("general.alignment {:?} is not a power of two", metadata.get("general.alignment"));
+        return Err(GgufError::Malformed { path, what });
+    };
     let data_offset = r.pos.div_ceil(alignment) * alignment;
     let header = GgufHeader { path, version, metadata, tensors, data_offset, file_size };
 
     // The data section must hold every tensor: the furthest end is the file's minimum size.
-    if let Some(last) = header.tensors.iter().max_by_key(|t| t.offset + t.n_bytes()) {
-        let end = header.data_offset + last.offset + last.n_bytes();
+    // (Each tensor's offset + bytes was checked above; the data section starts within the file.)
+    let end_of = |t: &TensorInfo| header.data_offset.saturating_add(t.offset + t.n_bytes());
+    if let Some(last) = header.tensors.iter().max_by_key(|t| end_of(t)) {
+        let end = end_of(last);
         if end > file_size {
             return Err(GgufError::Truncated {
                 path: header.path,
@@ -451,6 +476,100 @@ mod tests {
         assert!(matches!(e, GgufError::NotGguf { .. }) && e.to_string().contains("<htm"), "{e}");
         let e = read_header("/nonexistent/model.gguf").unwrap_err();
         assert!(matches!(e, GgufError::Missing { .. }) && e.to_string().contains("/nonexistent/model.gguf"));
+    }
+
+    /// A GGUF v3 file of `kv` (key, type, value bytes) and `tensors` (name, dims, type, offset),
+    /// then `data` zero bytes after the aligned header.
+    fn gguf(kv: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32, u64)], data: usize) -> tempfile::NamedTempFile {
+        let s = |b: &mut Vec<u8>, x: &str| {
+            b.extend_from_slice(&(x.len() as u64).to_le_bytes());
+            b.extend_from_slice(x.as_bytes());
+        };
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+        for (key, ty, value) in kv {
+            s(&mut b, key);
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(value);
+        }
+        for (name, dims, ty, offset) in tensors {
+            s(&mut b, name);
+            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in *dims {
+                b.extend_from_slice(&d.to_le_bytes());
+            }
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(&offset.to_le_bytes());
+        }
+        while !b.len().is_multiple_of(32) {
+            b.push(0);
+        }
+        b.resize(b.len() + data, 0);
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&b).unwrap();
+        f
+    }
+
+    fn malformed(f: &tempfile::NamedTempFile, says: &str) {
+        let e = read_header(f.path()).unwrap_err();
+        assert!(matches!(e, GgufError::Malformed { .. }) && e.to_string().contains(says), "{e}");
+    }
+
+    /// An array of arrays is refused (as llama.cpp refuses it) before it nests: 20,000 levels,
+    /// 240 KB of header, each a stack frame of the reader, overflowed a tokio worker's stack.
+    #[test]
+    fn nested_arrays_are_refused_at_any_depth() {
+        let mut nested = Vec::new();
+        for _ in 0..20_000 {
+            nested.extend_from_slice(&9u32.to_le_bytes());
+            nested.extend_from_slice(&1u64.to_le_bytes());
+        }
+        nested.extend_from_slice(&4u32.to_le_bytes());
+        nested.extend_from_slice(&1u64.to_le_bytes());
+        nested.extend_from_slice(&7u32.to_le_bytes());
+        let f = gguf(&[("deep", 9, nested)], &[], 0);
+        // The reader on a thread with a tokio worker's stack, as the supervisor calls it.
+        let path = f.path().to_path_buf();
+        let e = std::thread::Builder::new().stack_size(2 << 20).spawn(move || read_header(path)).unwrap().join();
+        let e = e.expect("the reader returned").unwrap_err();
+        assert!(matches!(e, GgufError::Malformed { .. }) && e.to_string().contains("array of arrays"), "{e}");
+        // An array of numbers is read.
+        let mut flat = 4u32.to_le_bytes().to_vec();
+        flat.extend_from_slice(&2u64.to_le_bytes());
+        flat.extend_from_slice(&[7, 0, 0, 0, 9, 0, 0, 0]);
+        let h = read_header(gguf(&[("flat", 9, flat)], &[], 0).path()).unwrap();
+        assert_eq!(h.get("flat"), Some(&Value::Array(vec![Value::U32(7), Value::U32(9)])));
+    }
+
+    /// Sizes that overflow u64 are refused: dims 2^32 x 2^32 wrapped to 0 elements in a release
+    /// build (the tensor passed for an empty one, the truncation check too); an offset near
+    /// u64::MAX wrapped its end.
+    #[test]
+    fn sizes_that_overflow_are_refused() {
+        malformed(&gguf(&[], &[("w", &[1 << 32, 1 << 32], 0, 0)], 64), "overflows");
+        malformed(&gguf(&[], &[("w", &[u64::MAX, 2], 2, 0)], 64), "overflows");
+        malformed(&gguf(&[], &[("w", &[16], 0, u64::MAX - 8)], 64), "overflows");
+        // Within u64 but past the file: truncated, and by how much.
+        let e = read_header(gguf(&[], &[("w", &[1 << 30, 1 << 30], 0, 0)], 64).path()).unwrap_err();
+        assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
+        let h = read_header(gguf(&[], &[("w", &[4, 4], 0, 0)], 64).path()).unwrap();
+        assert_eq!(h.weights_bytes(), 64);
+    }
+
+    /// The data section's alignment is a power of two (llama.cpp's rule): 0 divided by zero, and
+    /// u64::MAX put the data section past any file.
+    #[test]
+    fn alignment_is_a_power_of_two() {
+        for bad in [0u32, 3, 48] {
+            let f = gguf(&[("general.alignment", 4, bad.to_le_bytes().to_vec())], &[("w", &[16], 0, 0)], 64);
+            malformed(&f, "general.alignment");
+        }
+        let f = gguf(&[("general.alignment", 10, u64::MAX.to_le_bytes().to_vec())], &[], 0);
+        malformed(&f, "general.alignment");
+        let f = gguf(&[("general.alignment", 4, 64u32.to_le_bytes().to_vec())], &[("w", &[16], 0, 0)], 96);
+        assert_eq!(read_header(f.path()).unwrap().data_offset % 64, 0);
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl Ledger {
     }
 
     pub fn used(&self) -> u64 {
-        self.entries.values().map(|e| e.reserved).sum()
+        self.entries.values().map(|e| e.reserved).fold(0, u64::saturating_add)
     }
 
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
@@ -78,18 +78,6 @@ impl Ledger {
         self.entries.values().any(|e| e.file == file)
     }
 
-    /// Bytes a role would free: its reservation, less the weights when another role stays on them.
-    fn frees(&self, role: &str, leaving: &[String]) -> u64 {
-        let e = &self.entries[role];
-        let shared = e.weights > 0
-            && self.entries.values().any(|o| o.role != role && o.file == e.file && !leaving.contains(&o.role));
-        if shared {
-            e.reserved - e.weights
-        } else {
-            e.reserved
-        }
-    }
-
     /// Which roles to evict, in order, so that `need` more bytes fit; or why it cannot fit.
     pub fn admit(
         &self,
@@ -103,12 +91,18 @@ impl Ledger {
         let mut candidates: Vec<&Entry> =
             self.entries.values().filter(|e| e.role != role && e.priority <= priority && !in_use(&e.role)).collect();
         candidates.sort_by_key(|e| (e.priority, e.last_used));
+        // What the victims free is what the ledger holds once they are gone, their weights
+        // passing as `remove` passes them: counted role by role, the holder of shared weights
+        // freed only its context (another role stayed on them), and the other role, holding
+        // none, freed only its own, so the weights were never counted free (a false refusal).
+        let mut after = self.clone();
         for c in candidates {
             if free >= need {
                 break;
             }
             victims.push(c.role.clone());
-            free += self.frees(&c.role, &victims);
+            after.remove(&c.role);
+            free = self.budget.saturating_sub(after.used());
         }
         if free >= need {
             return Ok(victims);
@@ -157,7 +151,7 @@ impl Ledger {
                 role: role.to_string(),
                 file: file.to_string(),
                 priority,
-                reserved: estimate_without_weights + weights,
+                reserved: estimate_without_weights.saturating_add(weights),
                 weights,
                 file_weights,
                 measured,
@@ -180,7 +174,7 @@ impl Ledger {
         if e.weights > 0 {
             if let Some(heir) = self.entries.values_mut().find(|o| o.file == e.file) {
                 heir.weights = e.weights;
-                heir.reserved += e.weights;
+                heir.reserved = heir.reserved.saturating_add(e.weights);
             }
         }
     }
@@ -229,6 +223,21 @@ mod tests {
         assert!(r.resident.contains("thinker 0.0 MiB (priority 100)") && r.missing > 0, "{r}");
         // Fits without evicting anything.
         assert!(l.admit("new", 200, 10, |_| false).unwrap().is_empty());
+    }
+
+    /// Both roles on one file going free its weights: the holder first (lower priority), then
+    /// the role on the same file, which was counted as freeing only its context.
+    #[test]
+    fn evicting_every_role_of_a_file_frees_its_weights() {
+        let mut l = Ledger::new(1000);
+        l.insert("holder", "a.gguf", 10, 300, 100, None);
+        l.insert("sharer", "a.gguf", 20, 300, 50, None);
+        assert_eq!(l.used(), 450);
+        assert_eq!(l.admit("new", 1000, 30, |_| false).unwrap(), ["holder", "sharer"]);
+        // The holder alone frees its context only: the sharer stays on the weights.
+        assert_eq!(l.admit("new", 650, 30, |r| r == "sharer").unwrap(), ["holder"]);
+        let r = l.admit("new", 700, 30, |r| r == "sharer").unwrap_err();
+        assert_eq!((r.free, r.missing), (650, 50), "{r}");
     }
 
     #[test]
