@@ -138,6 +138,15 @@ impl ModelConfig {
     }
 
     /// What the engine needs to run this role.
+    /// What the engine shares one loaded model by ([`kazeia_engine::ModelKey`]: the file, mmap,
+    /// the devices it runs on), as text: roles with one key pay the weights once, in the ledger
+    /// and in the plan. Keyed by the file alone, two roles on one file with mmap on and off (or
+    /// on the CPU and the HTP) were counted once and loaded twice.
+    pub fn weights_key(&self, path: &Path) -> String {
+        let key = kazeia_engine::ModelKey::new(path, self.mmap, &kazeia_engine::place(self.backend));
+        format!("{} (mmap {}, devices {:?})", key.path.display(), key.mmap, key.devices)
+    }
+
     pub fn role_params(&self) -> kazeia_engine::RoleParams {
         kazeia_engine::RoleParams {
             role: self.role.clone(),

@@ -54,15 +54,20 @@ pub struct Plan {
 /// loaded it).
 pub fn plan(config: &Config) -> Result<Plan, String> {
     let mut models: Vec<ModelPlan> = Vec::new();
+    // Each model's weights key (`ModelConfig::weights_key`), as `models`.
+    let mut keys: Vec<String> = Vec::new();
     for m in &config.models {
         let path = config.model_path(m);
         let header = gguf::read_header(&path).map_err(|e| e.to_string())?;
         let est = estimate(&header, &m.context_params()).map_err(|e| format!("{}: {e}", path.display()))?;
         let canonical = std::fs::canonicalize(&path).unwrap_or(path.clone());
+        let key = m.weights_key(&path);
         let shares = models
             .iter()
-            .find(|o| Path::new(&o.file) == canonical && o.shares_weights_with.is_none())
-            .map(|o| o.role.clone());
+            .zip(&keys)
+            .find(|(o, k)| **k == key && o.shares_weights_with.is_none())
+            .map(|(o, _)| o.role.clone());
+        keys.push(key);
         let weights = if shares.is_some() { 0 } else { est.file_bytes() };
         let (mut backend, mut sessions, mut ranges, mut devices, mut note) =
             ("cpu".to_string(), 0, Vec::new(), None, None);

@@ -103,6 +103,35 @@ async fn small_budget_evicts_idle_by_priority_and_refuses_what_cannot_fit() {
     assert!(st.reserved_bytes <= st.budget_bytes, "{st:?}");
 }
 
+/// A GGUF whose header reads but whose figures cannot be planned (here no layer count; a
+/// `block_count` of 2^40 is refused the same way) is refused as `model_file`, and status shows
+/// the role failed, with the reason naming the file (it said `unloaded`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_header_that_cannot_be_planned_fails_the_role_in_status() {
+    let _one = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("headless.gguf");
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    let key = "general.architecture";
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key.as_bytes());
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&5u64.to_le_bytes());
+    b.extend_from_slice(b"llama");
+    std::fs::write(&file, b).unwrap();
+    let sup = Supervisor::new(config(&role("a", &file, 50, "")), Registry::builtin());
+    let e = sup.ensure_loaded("a", |_| {}).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::ModelFile, "{}", e.message);
+    let row = sup.status().models.into_iter().find(|m| m.role == "a").unwrap();
+    assert_eq!(row.state, ModelState::Failed);
+    let why = row.error.unwrap();
+    assert!(why.contains("headless.gguf") && why.contains("block_count"), "{why}");
+    assert_eq!(sup.status().reserved_bytes, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn keep_alive_unloads_idle_models() {
     let _one = SERIAL.lock().await;
@@ -121,6 +150,19 @@ async fn keep_alive_unloads_idle_models() {
     assert_eq!(sup.expire_idle_at(later).await, vec!["a".to_string()]);
     assert_eq!(state(&sup, "a"), ModelState::Unloaded);
     assert_eq!(sup.status().reserved_bytes, 0);
+
+    // A role is idle from the end of the turn that held it, not from that turn's start: a turn
+    // longer than the keep-alive left the role to be unloaded as soon as it ended.
+    sup.ensure_loaded("a", |_| {}).await.unwrap();
+    let lease = sup.lease(&["a".to_string()]).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let ended = std::time::Instant::now();
+    drop(lease);
+    let hour = std::time::Duration::from_secs(3600);
+    // A keep-alive after its start, less than one after its end: it stays.
+    assert!(sup.expire_idle_at(ended + hour - std::time::Duration::from_millis(10)).await.is_empty());
+    assert_eq!(state(&sup, "a"), ModelState::Loaded);
+    assert_eq!(sup.expire_idle_at(ended + hour + std::time::Duration::from_secs(1)).await, vec!["a".to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

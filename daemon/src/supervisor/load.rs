@@ -45,9 +45,13 @@ impl Supervisor {
             self.set_role(role, ModelState::Failed, None, Some(e.to_string()));
             LlmError::new(ErrorCode::ModelFile, e.to_string())
         })?;
-        let est = kazeia_memory_budget::estimate(&header, &cfg.context_params())
-            .map_err(|e| LlmError::new(ErrorCode::ModelFile, e))?;
-        let file = std::fs::canonicalize(&path).unwrap_or(path.clone()).display().to_string();
+        let est = kazeia_memory_budget::estimate(&header, &cfg.context_params()).map_err(|e| {
+            // As for a header that cannot be read: status says why (it said `unloaded`).
+            let e = format!("{}: {e}", path.display());
+            self.set_role(role, ModelState::Failed, None, Some(e.clone()));
+            LlmError::new(ErrorCode::ModelFile, e)
+        })?;
+        let file = cfg.weights_key(&path);
         let (file_weights, context_bytes) = (est.file_bytes(), est.context_bytes());
         // Admission and reservation under one lock: the bytes are the role's before its load
         // starts, so a speech load running meanwhile sees them taken (and the other way round).
@@ -89,7 +93,12 @@ impl Supervisor {
                 // Measured: RSS growth across the load. With mmap off the weights are read into
                 // anonymous memory, so RSS covers them (Pss would be equal for this process).
                 let measured = rss_before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
-                self.ledger.lock().expect("ledger").set_measured(role, measured);
+                let mut ledger = self.ledger.lock().expect("ledger");
+                ledger.set_measured(role, measured);
+                // Idle from now, not from its reservation: a load longer than the role's
+                // keep-alive was unloaded as soon as it ended.
+                ledger.touch(role);
+                drop(ledger);
                 self.set_role(role, ModelState::Loaded, None, None);
                 Ok(())
             }
@@ -200,6 +209,13 @@ impl Supervisor {
         }
     }
 
+    /// Whether `m`'s role is loaded, unused, and was last used a keep-alive or more before `now`.
+    fn idle_past_keep_alive(&self, m: &crate::config::ModelConfig, now: Instant) -> bool {
+        let idle_since = self.ledger.lock().expect("ledger").get(&m.role).map(|e| e.last_used);
+        matches!((m.keep_alive, idle_since), (Some(ka), Some(t)) if now.saturating_duration_since(t) >= ka)
+            && !self.in_use(&m.role)
+    }
+
     /// Unload roles idle for longer than their keep-alive. Returns the roles unloaded.
     pub async fn expire_idle(&self) -> Vec<String> {
         self.expire_idle_at(Instant::now()).await
@@ -208,22 +224,17 @@ impl Supervisor {
     /// [`Supervisor::expire_idle`] as if the clock read `now` (tests give a later instant
     /// rather than sleeping past a keep-alive).
     pub async fn expire_idle_at(&self, now: Instant) -> Vec<String> {
-        let expired: Vec<String> = {
-            let ledger = self.ledger.lock().expect("ledger");
-            self.config
-                .models
-                .iter()
-                .filter(|m| {
-                    let idle_since = ledger.get(&m.role).map(|e| e.last_used);
-                    matches!((m.keep_alive, idle_since), (Some(ka), Some(t)) if now.saturating_duration_since(t) >= ka)
-                        && !self.in_use(&m.role)
-                })
-                .map(|m| m.role.clone())
-                .collect()
-        };
+        let expired: Vec<String> =
+            self.config.models.iter().filter(|m| self.idle_past_keep_alive(m, now)).map(|m| m.role.clone()).collect();
         let mut done = Vec::new();
         for r in expired {
-            if self.unload(&r).await == Unload::Done {
+            let _one_at_a_time = self.loading.lock().await;
+            // Again under the loading lock, which a load holds for its whole length: a turn may
+            // have used the role while this waited (it was unloaded straight after).
+            if !self.config.models.iter().any(|m| m.role == r && self.idle_past_keep_alive(m, now)) {
+                continue;
+            }
+            if self.unload_held(&r, false).await == Unload::Done {
                 tracing::info!(role = %r, "keep-alive expired: unloaded");
                 done.push(r);
             }

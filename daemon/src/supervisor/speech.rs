@@ -153,18 +153,37 @@ impl SpeechStack {
     }
 
     /// The voice of `language`, loaded on first use (outside the map's lock: two first uses may
-    /// both load, the first insert wins).
+    /// both load, the first insert wins). One the stack did not load with (a `load tts-<lang>`,
+    /// a reply in another language) is reserved in the ledger on its own first ([`voice_entry`]):
+    /// loaded uncounted, a Piper voice (its file x 3.6) sat in bytes the ledger let a language
+    /// model take.
     fn voice(&self, sup: &Supervisor, language: &str) -> Result<SharedVoice, SpeechError> {
         if let Some(v) = self.voices.lock().expect("voices").get(language) {
             return Ok(v.clone());
         }
-        let loaded = Arc::new(Mutex::new(crate::speech::voice_for(&sup.config, language)?));
+        let own = !preloaded_voices(&sup.config.speech).iter().any(|l| l == language);
+        let reserved = own && sup.reserve_voice(language)?;
+        let loaded = match crate::speech::voice_for(&sup.config, language) {
+            Ok(v) => Arc::new(Mutex::new(v)),
+            Err(e) => {
+                if reserved && !self.has_voice(language) {
+                    sup.ledger.lock().expect("ledger").remove(&voice_entry(language));
+                }
+                return Err(e);
+            }
+        };
         Ok(self.voices.lock().expect("voices").entry(language.to_string()).or_insert(loaded).clone())
     }
 
     fn has_voice(&self, language: &str) -> bool {
         self.voices.lock().expect("voices").contains_key(language)
     }
+}
+
+/// The ledger entry of a voice loaded apart from the stack (the stack's own, with its voices,
+/// is `speech`).
+pub fn voice_entry(language: &str) -> String {
+    format!("speech:tts-{language}")
 }
 
 /// The languages whose voices load with the stack: the fixed `language`, or the `languages`
@@ -243,6 +262,40 @@ impl Supervisor {
         Ok(stack)
     }
 
+    /// Reserve the voice of `language` in the ledger as [`voice_entry`], as the stack is
+    /// reserved (never evicting a language model). Whether this call reserved it (not when
+    /// it needs no ONNX model, an espeak-ng voice, or when another load reserved it).
+    fn reserve_voice(&self, language: &str) -> Result<bool, SpeechError> {
+        let sp = &self.config.speech;
+        let Some(file) = sp.voices.get(language).filter(|v| !v.starts_with("espeak:")) else { return Ok(false) };
+        let file = self.config.cache_path(std::path::Path::new(file)).display().to_string();
+        let Some(need) = crate::plan::speech_plans(&self.config)
+            .into_iter()
+            .find(|m| m.role == "tts" && m.file == file)
+            .map(|m| m.total_bytes)
+        else {
+            return Ok(false);
+        };
+        let entry = voice_entry(language);
+        let mut ledger = self.ledger.lock().expect("ledger");
+        if ledger.get(&entry).is_some() {
+            return Ok(false);
+        }
+        match ledger.admit(&entry, need, 95, |_| true) {
+            Ok(v) if v.is_empty() => ledger.insert(&entry, &file, 95, 0, need, None),
+            Ok(_) => {
+                return Err(SpeechError::OverBudget(format!(
+                    "the {language} voice needs {} and would have to evict a language model",
+                    kazeia_memory_budget::human_bytes(need)
+                )))
+            }
+            Err(r) => return Err(SpeechError::OverBudget(r.to_string())),
+        }
+        drop(ledger);
+        let _ = self.changes.send(());
+        Ok(true)
+    }
+
     /// `[speech] preload`: the speech models loaded and warmed ([`SpeechStack::warm`]) before
     /// any audio turn asks for them; what was warmed. A turn arriving meanwhile waits for the
     /// same load (one at a time), then for the transcriber behind the warm-up. The warm-up
@@ -303,6 +356,7 @@ impl Supervisor {
                 (SpeechRole::Voice(lang), Some(stack)) => {
                     let gone = stack.voices.lock().expect("voices").remove(lang).is_some();
                     if gone {
+                        self.ledger.lock().expect("ledger").remove(&voice_entry(lang));
                         let _ = self.changes.send(());
                     }
                     return Ok(gone);
@@ -323,7 +377,12 @@ impl Supervisor {
     fn free_speech(&self, taken: Option<Arc<SpeechStack>>) {
         drop(taken);
         super::heap::trim();
-        self.ledger.lock().expect("ledger").remove("speech");
+        let mut ledger = self.ledger.lock().expect("ledger");
+        let voices: Vec<String> = self.config.speech.voices.keys().map(|l| voice_entry(l)).collect();
+        for entry in voices.iter().map(String::as_str).chain(["speech"]) {
+            ledger.remove(entry);
+        }
+        drop(ledger);
         let _ = self.changes.send(());
     }
 
@@ -420,6 +479,8 @@ impl Supervisor {
             );
             let has = loaded.as_ref().is_some_and(|s| s.has_voice(lang));
             r.state = if has { ModelState::Loaded } else { ModelState::Unloaded };
+            // A voice loaded apart from the stack holds its own reservation.
+            r.reserved_bytes = ledger.get(&voice_entry(lang)).map(|e| e.reserved);
             rows.push(r);
         }
         rows

@@ -42,6 +42,9 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        // Idle from the turn's end (a turn longer than a role's keep-alive left it to be
+        // unloaded within a second of ending). The ledger's lock before `leases`'.
+        self.sup.touch(&self.roles);
         let mut leases = self.sup.leases.lock().expect("leases lock");
         for r in &self.roles {
             if let Some(n) = leases.get_mut(r) {

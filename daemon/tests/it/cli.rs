@@ -196,6 +196,38 @@ fn plan_reads_a_model_whatever_its_name() {
     assert_eq!(named["total_bytes"], blob["total_bytes"], "{named}\n{blob}");
 }
 
+/// Roles share weights as the engine shares a loaded model: by the file, mmap and the devices.
+/// Two roles on one file with mmap on and off are two loads: each pays its weights (the plan
+/// counted them once, and so did the budget's ledger, by the same file key).
+#[test]
+fn plan_shares_weights_as_the_engine_shares_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = crate::common::smollm2();
+    let roles = |guard_mmap: bool| {
+        let cfg = dir.path().join("m.toml");
+        let toml = format!(
+            "[[model]]\nrole = \"thinker\"\nfile = \"{f}\"\nbackend = \"cpu\"\n\
+             [[model]]\nrole = \"guard\"\nfile = \"{f}\"\nbackend = \"cpu\"\nmmap = {guard_mmap}\n",
+            f = f.display()
+        );
+        std::fs::write(&cfg, toml).unwrap();
+        let (code, out, err) = kazeia(&["plan", "--json", "--config", cfg.to_str().unwrap()]);
+        assert_eq!(code, 0, "{err}");
+        let p: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        p["models"].as_array().unwrap()[..2].to_vec()
+    };
+    // The same settings: one load.
+    let same = roles(false);
+    assert_eq!(
+        (same[1]["shares_weights_with"].as_str(), same[1]["weights_bytes"].as_u64()),
+        (Some("thinker"), Some(0))
+    );
+    // mmap differs: two loads, each with its weights.
+    let apart = roles(true);
+    assert!(apart[1].get("shares_weights_with").is_none(), "{}", apart[1]);
+    assert!(apart[1]["weights_bytes"].as_u64().unwrap() > 0, "{}", apart[1]);
+}
+
 /// Arguments the command refuses, each before any model loads: exit 2, and with `--json` one
 /// `bad_request` event line on stdout (clap's own refusals printed nothing there).
 #[test]

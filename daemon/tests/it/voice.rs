@@ -345,6 +345,42 @@ async fn preloaded_speech_is_loaded_and_warm_before_the_first_audio_turn() {
     assert!(!d.log().contains("speech preload") && !d.log().contains("warm-up failed"), "{}", d.log());
 }
 
+/// A voice the stack did not load with (a `load tts-<lang>`, a reply in another language) is
+/// reserved in the budget's ledger on its own, as its plan row says, and gives those bytes back
+/// when it is unloaded, or with the stack. Loaded uncounted, the Piper voice sat in bytes the
+/// ledger let a language model take. (French replies here: the stack loads the espeak-ng voice.)
+#[test]
+fn a_voice_loaded_apart_is_reserved_in_the_budget() {
+    use kazeia_daemon::supervisor::{SpeechRole, Supervisor};
+    let _one = common::serial();
+    let text = config_text().replace("language = \"en\"", "language = \"fr\"");
+    let config = Config::parse(std::path::Path::new("voice-test.toml"), &text).unwrap();
+    let row = kazeia_daemon::plan::speech_plans(&config)
+        .into_iter()
+        .find(|m| m.role == "tts" && m.file.ends_with("en_US-joe-medium.onnx"))
+        .expect("the English voice's plan row")
+        .total_bytes;
+    let sup = Supervisor::new(config, kazeia_pipelines::Registry::builtin());
+    let used = || sup.ledger.lock().unwrap().used();
+    let reserved = |role: &str| sup.status().models.iter().find(|m| m.role == role).unwrap().reserved_bytes;
+    sup.speech().unwrap();
+    let stack = used();
+    assert!(stack > 0 && reserved("tts-en").is_none());
+    let en = SpeechRole::Voice("en".into());
+    sup.load_speech(&en).unwrap();
+    assert_eq!((used() - stack, reserved("tts-en")), (row, Some(row)));
+    // Synthesis with it reserves nothing more.
+    sup.speech().unwrap().say(&sup, "en", "Hello.").unwrap();
+    assert_eq!(used() - stack, row);
+    assert_eq!(sup.unload_speech(&en), Ok(true));
+    assert_eq!(used(), stack);
+    // A reply in English loads it again, reserved again; the stack's unload frees both.
+    sup.speech().unwrap().say(&sup, "en", "Hello.").unwrap();
+    assert_eq!(used() - stack, row);
+    assert_eq!(sup.unload_speech(&SpeechRole::Stack), Ok(true));
+    assert_eq!(used(), 0);
+}
+
 /// The warm-up of `[speech] preload` (`SpeechStack::warm`) runs each model once: Whisper (so
 /// its whole window has run and a partial's window is cut from the first turn on; before it,
 /// any first transcription ran the whole window), the end-of-turn model and the voice loaded
