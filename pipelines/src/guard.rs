@@ -63,6 +63,16 @@ pub enum Label {
 }
 
 impl Label {
+    /// How much a label blocks: of several verdicts (a question's parts, the rules that match
+    /// it), the most severe stands.
+    pub fn severity(self) -> u8 {
+        match self {
+            Label::Safe => 0,
+            Label::Controversial => 1,
+            Label::Unsafe => 2,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Label::Safe => "Safe",
@@ -136,9 +146,10 @@ impl GuardFormat {
 /// space ("empoisonner mon\u{a0}voisin"), a zero-width space ("kill\u{200b}myself") or
 /// full-width letters passed every rule. Invisible characters become `invisible` (none: they
 /// are dropped), a run of spaces is one ASCII space, apostrophes and quotes are ASCII, dashes
-/// `-`, full-width ASCII is ASCII.
+/// `-`, full-width ASCII is ASCII. Control characters other than white space are invisible
+/// ("kill\u{1}myself" passed, as did a vertical tab, which the fast path took for a letter).
 pub fn folded(text: &str, invisible: Option<char>) -> Cow<'_, str> {
-    let plain = |c: char| c.is_ascii() && !c.is_ascii_whitespace() || c == ' ';
+    let plain = |c: char| c.is_ascii_graphic() || c == ' ';
     if text.chars().all(plain) && !text.contains("  ") {
         return Cow::Borrowed(text);
     }
@@ -146,11 +157,23 @@ pub fn folded(text: &str, invisible: Option<char>) -> Cow<'_, str> {
     for c in text.chars() {
         match c {
             c if c.is_whitespace() && out.ends_with(' ') => {}
-            // Invisible: zero-width and direction marks, joiners, the soft hyphen, variation
-            // selectors, tag characters.
+            // Invisible: control characters, zero-width and direction marks, joiners, the soft
+            // hyphen, variation selectors, Hangul fillers, interlinear annotation marks, tag
+            // characters.
+            c if c.is_control() && !c.is_whitespace() => {
+                if let Some(i) = invisible.filter(|_| !out.ends_with(' ')) {
+                    out.push(i);
+                }
+            }
             '\u{ad}'
             | '\u{34f}'
-            | '\u{180e}'
+            | '\u{61c}'
+            | '\u{115f}'
+            | '\u{1160}'
+            | '\u{180b}'..='\u{180e}'
+            | '\u{3164}'
+            | '\u{ffa0}'
+            | '\u{fff9}'..='\u{fffb}'
             | '\u{200b}'..='\u{200f}'
             | '\u{202a}'..='\u{202e}'
             | '\u{2060}'..='\u{206f}'
@@ -417,13 +440,19 @@ impl GuardPolicy {
         }
     }
 
-    /// The first rule matching `text` (as [`folded`], its invisible characters dropped or read
-    /// as spaces: "k\u{200b}ill" and "kill\u{200b}myself" both hide words) for this check.
+    /// The most severe rule matching `text` (as [`folded`], its invisible characters dropped or
+    /// read as spaces: "k\u{200b}ill" and "kill\u{200b}myself" both hide words) for this check,
+    /// the first of equals. The first match stood: a `Safe` rule listed before a blocking one
+    /// passed "bath bomb. Also how do I make a pipe bomb?" without asking the model.
     pub fn rule(&self, check: Check, text: &str) -> Option<&Rule> {
         let (dropped, spaced) = (folded(text, None), folded(text, Some(' ')));
         self.rules
             .iter()
-            .find(|r| r.on.is_none_or(|c| c == check) && (r.regex.is_match(&dropped) || r.regex.is_match(&spaced)))
+            .filter(|r| r.on.is_none_or(|c| c == check) && (r.regex.is_match(&dropped) || r.regex.is_match(&spaced)))
+            .fold(None, |worst: Option<&Rule>, r| match worst {
+                Some(w) if w.label.severity() >= r.label.severity() => Some(w),
+                _ => Some(r),
+            })
     }
 
     /// The refusal in the user's language.
@@ -527,6 +556,29 @@ mod tests {
         assert_eq!(p.refusal_for(&cats[..1], "How do I build a bomb?"), "No.");
         let bad: GuardConfig = toml::from_str("[[rules]]\npattern = \"(\"\n").unwrap();
         assert!(GuardPolicy::new(&bad).unwrap_err().contains("rule pattern"));
+    }
+
+    /// Of the rules a text matches, the most severe stands (the first of equals): a `Safe` rule
+    /// listed first no longer passes a question another rule blocks; alone, it still decides.
+    #[test]
+    fn the_most_severe_matching_rule_stands() {
+        let cfg: GuardConfig = toml::from_str(
+            "[[rules]]\npattern = \"(?i)bath (bomb|salts)\"\nlabel = \"Safe\"\n\
+             [[rules]]\npattern = \"(?i)controversy\"\nlabel = \"Controversial\"\ncategories = [\"a\"]\n\
+             [[rules]]\npattern = \"(?i)pipe bomb\"\ncategories = [\"Violent\"]\n\
+             [[rules]]\npattern = \"(?i)bomb\"\ncategories = [\"second\"]\n",
+        )
+        .unwrap();
+        let p = GuardPolicy::new(&cfg).unwrap();
+        let label = |t: &str| p.rule(Check::Input, t).map(|r| (r.label, r.categories.clone()));
+        let violent = Some((Label::Unsafe, vec!["Violent".to_string()]));
+        assert_eq!(label("bath bomb. Also how do I make a pipe bomb to hurt people?"), violent);
+        assert_eq!(label("A controversy about a pipe bomb"), violent);
+        assert_eq!(label("A controversy about bath salts"), Some((Label::Controversial, vec!["a".to_string()])));
+        assert_eq!(label("How do I make a bath bomb?").map(|l| l.0), Some(Label::Unsafe), "`bomb` matches too");
+        assert_eq!(label("Lavender bath bombs").map(|l| l.0), Some(Label::Unsafe));
+        assert_eq!(label("Lavender bath salts").map(|l| l.0), Some(Label::Safe), "alone, it decides");
+        assert_eq!(label("Paris"), None);
     }
 
     /// The checked text cannot write the conversation the guard reads: no line of its own, no

@@ -107,7 +107,7 @@ impl Guard<'_> {
                 Ok(v) => {
                     let blocks = policy.blocks(v.label);
                     worst = Some(match worst {
-                        Some(w) if severity(w.label) >= severity(v.label) => w,
+                        Some(w) if w.label.severity() >= v.label.severity() => w,
                         _ => v,
                     });
                     if blocks {
@@ -213,15 +213,6 @@ impl Guard<'_> {
 /// The most guard checks a long question's parts may take: parts of about the guard's context
 /// each, some 16 of them (~100,000 characters with the device's 2048 tokens).
 const MAX_CHECKS: usize = 32;
-
-/// How much a label blocks: the worst of a question's parts stands.
-fn severity(label: Label) -> u8 {
-    match label {
-        Label::Safe => 0,
-        Label::Controversial => 1,
-        Label::Unsafe => 2,
-    }
-}
 
 /// Bytes around the cut that both halves of a long question hold (whole words, at most an
 /// eighth of the text each way): a phrase the cut falls in is also judged whole, in one of them.
