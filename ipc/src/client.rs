@@ -109,10 +109,20 @@ impl Client {
                     Frame::Audio(a) => (Some(a.id.clone()), Incoming::Audio(a)),
                     Frame::Invalid(_) => continue,
                 };
+                // A request's last event: its route goes with it.
+                let last = matches!(
+                    &item,
+                    Incoming::Event(
+                        Event::Done { .. }
+                            | Event::Loaded { .. }
+                            | Event::Unloaded { .. }
+                            | Event::Error { is_final: true, .. }
+                    )
+                );
                 let mut routes = reader_routes.lock().expect("routes lock");
                 match id.as_ref().and_then(|id| routes.get(id)) {
                     Some(tx) => {
-                        if tx.send(item).is_err() {
+                        if tx.send(item).is_err() || last {
                             routes.remove(id.as_ref().expect("id"));
                         }
                     }
@@ -133,6 +143,12 @@ impl Client {
             unsolicited: Mutex::new(Some(uns_rx)),
             tasks: [reader.abort_handle(), writer.abort_handle()],
         })
+    }
+
+    /// Requests the client keeps a route for (their last event has not come, or their receiver
+    /// was dropped since the last request).
+    pub fn pending(&self) -> usize {
+        self.routes.lock().expect("routes lock").len()
     }
 
     /// A fresh request id, unique to this process.
@@ -163,7 +179,11 @@ impl Client {
         self.fits(&frame)?;
         let (tx, rx) = mpsc::unbounded_channel();
         if let Some(id) = req.id() {
-            self.routes.lock().expect("routes lock").insert(id.to_string(), tx);
+            let mut routes = self.routes.lock().expect("routes lock");
+            // Routes whose receiver is gone (a `status` read once, a subscription dropped): each
+            // call left one behind, for as long as the client lived.
+            routes.retain(|_, tx| !tx.is_closed());
+            routes.insert(id.to_string(), tx);
         }
         self.out.send(frame).await.map_err(|_| ClientError::Closed)?;
         Ok(rx)
@@ -200,8 +220,11 @@ impl Client {
 
     pub async fn status(&self) -> Result<StatusReport, ClientError> {
         let id = self.new_id();
-        let mut rx = self.send(Request::Status { id }).await?;
-        match rx.recv().await {
+        let mut rx = self.send(Request::Status { id: id.clone() }).await?;
+        let answer = rx.recv().await;
+        // One answer: nothing more is routed to it.
+        self.routes.lock().expect("routes lock").remove(&id);
+        match answer {
             Some(Incoming::Event(Event::Status { status, .. })) => Ok(status),
             Some(Incoming::Event(Event::Error { code, message, .. })) => Err(ClientError::Refused { code, message }),
             Some(other) => Err(ClientError::Unexpected(format!("{other:?}"))),

@@ -9,7 +9,6 @@ use kazeia_engine::api::ChatMessage;
 
 pub struct Sessions {
     ttl: Duration,
-    max_messages: usize,
     inner: Mutex<HashMap<String, Entry>>,
     /// Uses so far: the order sessions were last used in (instants can tie).
     uses: std::sync::atomic::AtomicU64,
@@ -28,13 +27,18 @@ struct Entry {
 /// client cared to name: the daemon's memory, and every turn's scan of them under one lock.
 pub const MAX_PER_OWNER: usize = 32;
 
+/// Messages a session keeps (32 turns): past them its oldest half goes at once. One turn at a
+/// time, from the 33rd on, every turn's prompt changed right after the system prompt and the
+/// Thinker decoded the whole history again, each turn.
+pub const MAX_MESSAGES: usize = 64;
+
 fn owner(key: &str) -> &str {
     key.split('\u{1f}').next().unwrap_or(key)
 }
 
 impl Sessions {
     pub fn new(ttl: Duration) -> Sessions {
-        Sessions { ttl, max_messages: 64, inner: Mutex::default(), uses: Default::default() }
+        Sessions { ttl, inner: Mutex::default(), uses: Default::default() }
     }
 
     /// The session's messages so far (empty for a new or expired session).
@@ -78,8 +82,11 @@ impl Sessions {
         e.used = used;
         e.messages.push(user);
         e.messages.push(assistant);
-        let excess = e.messages.len().saturating_sub(self.max_messages);
-        e.messages.drain(..excess);
+        if e.messages.len() > MAX_MESSAGES {
+            // Whole turns (user and assistant in pairs).
+            let half = e.messages.len() / 2 / 2 * 2;
+            e.messages.drain(..half);
+        }
     }
 
     /// Drop sessions idle for at least `idle` (memory pressure sheds these first).
@@ -138,6 +145,24 @@ mod tests {
         assert!(s.history("1\u{1f}s1").is_empty(), "the least recently used went");
         assert_eq!(s.history(&format!("1\u{1f}s{}", MAX_PER_OWNER + 4)).len(), 2);
         assert_eq!(s.history("2\u{1f}other").len(), 2);
+    }
+
+    /// A long session keeps at most `MAX_MESSAGES`, forgetting its oldest half at once: its
+    /// start, which the Thinker's context holds, changes once in 16 turns, not at every turn.
+    #[test]
+    fn a_long_session_forgets_its_oldest_half_at_once() {
+        let s = Sessions::new(Duration::from_secs(600));
+        let mut firsts = Vec::new();
+        for i in 0..60 {
+            s.append("a", ChatMessage::new("user", format!("q{i}")), ChatMessage::new("assistant", format!("r{i}")));
+            let h = s.history("a");
+            assert!(h.len() <= MAX_MESSAGES && h.len().is_multiple_of(2), "{}", h.len());
+            assert_eq!(h.last().unwrap().content, format!("r{i}"));
+            if firsts.last() != Some(&h[0].content) {
+                firsts.push(h[0].content.clone());
+            }
+        }
+        assert_eq!(firsts, ["q0", "q16", "q32"]);
     }
 
     /// Turns dropped to fit go once, even when two turns of the session dropped them.

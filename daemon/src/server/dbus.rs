@@ -8,7 +8,8 @@
 //! - signals: `ModelLoaded(s role)`, `ModelUnloaded(s role)`,
 //!   `MemoryPressure(s level, t available_bytes)`;
 //! - methods: `Status() -> s` (the socket's status report, as JSON), `CancelAll() -> u` (turns
-//!   cancelled).
+//!   cancelled: the caller's own, every user's for the daemon's own user; a user the socket
+//!   refuses is refused here too, `AccessDenied`).
 //!
 //! The bus is a side door: if it cannot be reached the daemon says so and serves on its socket.
 
@@ -72,12 +73,27 @@ impl Engine {
         serde_json::to_string(&self.sup.status()).unwrap_or_default()
     }
 
-    /// Cancel every running turn; how many there were.
-    fn cancel_all(&self) -> u32 {
-        let n = self.sup.turns_running();
-        self.sup.cancel_all();
-        tracing::info!(turns = n, "D-Bus CancelAll");
-        n
+    /// Cancel the caller's running turns (the daemon's own user: everyone's); how many there
+    /// were. Asked by anyone on the bus, it cancelled every user's turns: a system bus, or a
+    /// shared one, reaches further than the socket, which refuses other users and never lets
+    /// one touch another's turns.
+    async fn cancel_all(
+        &self,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+        #[zbus(connection)] conn: &zbus::Connection,
+    ) -> zbus::fdo::Result<u32> {
+        let denied = |why: String| zbus::fdo::Error::AccessDenied(why);
+        let sender = header.sender().ok_or_else(|| denied("a call without a sender".into()))?.to_owned();
+        let uid = zbus::fdo::DBusProxy::new(conn).await?.get_connection_unix_user(sender.into()).await?;
+        let own = unsafe { libc::geteuid() };
+        let allow = &self.sup.config.daemon.allow_uids;
+        if uid != own && !allow.contains(&uid) {
+            tracing::warn!(uid, "D-Bus CancelAll refused: uid not allowed");
+            return Err(denied(format!("uid {uid} may not use this daemon")));
+        }
+        let n = self.sup.cancel_of((uid != own).then_some(uid));
+        tracing::info!(uid, turns = n, "D-Bus CancelAll");
+        Ok(n)
     }
 
     #[zbus(signal)]

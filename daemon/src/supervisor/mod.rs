@@ -183,8 +183,13 @@ impl Supervisor {
 
     /// Cancel every running turn (shutdown after the grace time).
     pub fn cancel_all(&self) {
-        for t in self.turns.lock().expect("turns lock").values() {
-            t.cancel.cancel();
-        }
+        self.cancel_of(None);
+    }
+
+    /// Cancel the running turns of user `uid` (every user's with none); how many.
+    pub fn cancel_of(&self, uid: Option<u32>) -> u32 {
+        let turns = self.turns.lock().expect("turns lock");
+        let mine = turns.values().filter(|t| uid.is_none_or(|u| t.uid == u));
+        mine.map(|t| t.cancel.cancel()).count() as u32
     }
 }

@@ -20,10 +20,26 @@ struct Bus {
 }
 
 impl Bus {
+    /// A session bus that any user may reach (a shared bus, as a system bus is): the tests call
+    /// it as another user too.
     fn start(dir: &std::path::Path) -> Bus {
+        use std::os::unix::fs::PermissionsExt;
         let address = format!("unix:path={}", dir.join("bus").display());
+        let config = dir.join("bus.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN\"\n \
+                 \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n\
+                 <busconfig><type>session</type><listen>{address}</listen><auth>EXTERNAL</auth>\
+                 <policy context=\"default\"><allow user=\"*\"/><allow send_destination=\"*\" eavesdrop=\"true\"/>\
+                 <allow eavesdrop=\"true\"/><allow own=\"*\"/></policy></busconfig>\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut child = Command::new("dbus-daemon")
-            .args(["--session", "--nofork", "--nopidfile", "--print-address=1", &format!("--address={address}")])
+            .args(["--nofork", "--nopidfile", "--print-address=1", &format!("--config-file={}", config.display())])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -32,6 +48,7 @@ impl Bus {
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert!(line.starts_with("unix:path="), "dbus-daemon said {line:?}");
+        std::fs::set_permissions(dir.join("bus"), std::fs::Permissions::from_mode(0o777)).unwrap();
         Bus { child, address }
     }
 }
@@ -144,6 +161,19 @@ async fn engine1_on_a_real_session_bus() {
             break;
         }
     }
+    // Another user on the bus (uid 65534, not allowed on the socket either) is refused, and the
+    // turn goes on: CancelAll once cancelled every user's turns for anyone who could call it.
+    let cancel_all = ["call", "--address", &bus.address, "--dest", DEST, "--object-path", PATH];
+    let other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "gdbus"])
+        .args(cancel_all)
+        .args(["--method", "org.kazeia.Engine1.CancelAll"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let said = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && said.contains("AccessDenied"), "{said}");
+    assert_eq!(d.client().await.status().await.unwrap().turns_running, 1);
+    // The daemon's own user cancels it.
     let n = tool(
         &bus,
         "gdbus",

@@ -90,6 +90,14 @@ async fn streamed_answer_and_socket_permissions() {
     let thinker = st.models.iter().find(|m| m.role == "thinker").unwrap();
     assert_eq!(thinker.device.as_deref(), Some("cpu"));
     assert!(thinker.placement.as_deref().unwrap().contains("running on CPU"));
+    // The client routes nothing for requests that ended: the turn's `done` came (its receiver
+    // still held), each `status` was read once (a long-lived app polling it grew the table by
+    // one route a call).
+    for _ in 0..50 {
+        c.status().await.unwrap();
+    }
+    assert_eq!(c.pending(), 0);
+    drop(rx);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -652,6 +660,42 @@ fn subscriptions_end_on_cancel_and_are_bounded() {
     assert_eq!(next(&mut s, &subscribed)["code"], "cancelled");
     subscribed.retain(|id| id != "s3");
     subscribe(&mut s, &mut subscribed, "s16");
+}
+
+/// `load` and `unload` take their ids until their final event, and a connection runs at most 16
+/// of them (uncounted, a client's million unloads during a load were a million tasks): the
+/// speech models' load (seconds of ONNX Runtime) holds the first, the others wait behind it. A
+/// 17th is `busy` at once; a turn or an unload under a running load's id is `duplicate_id` (the
+/// load's `loaded` could follow the turn's `done`). All 16 end `loaded`, and their ids are free.
+#[test]
+fn loads_take_their_ids_and_are_bounded() {
+    let d = Daemon::start(&crate::voice::config_text());
+    let mut s = raw(&d, true);
+    let send = |s: &mut UnixStream, v: serde_json::Value| write_frame(s, 1, v.to_string().as_bytes());
+    for i in 0..=16 {
+        send(&mut s, serde_json::json!({"type":"load","id":format!("l{i}"),"role":"stt"}));
+    }
+    send(&mut s, serde_json::json!({"type":"turn","id":"l0","pipeline":"chat","text":"hi"}));
+    send(&mut s, serde_json::json!({"type":"unload","id":"l1","role":"stt"}));
+    let (mut loaded, mut refused) = (std::collections::BTreeSet::new(), Vec::new());
+    while loaded.len() < 16 || refused.len() < 3 {
+        let e = read_json(&mut s);
+        let id = e["id"].as_str().unwrap_or_default().to_string();
+        match e["type"].as_str() {
+            Some("loaded") => assert!(loaded.insert(id), "{e}"),
+            Some("error") => refused.push((id, e["code"].as_str().unwrap().to_string(), e["final"].as_bool())),
+            _ => panic!("{e}"),
+        }
+    }
+    refused.sort();
+    let expected = [("l0", "duplicate_id", false), ("l1", "duplicate_id", false), ("l16", "busy", true)];
+    let expected: Vec<_> = expected.iter().map(|(i, c, f)| (i.to_string(), c.to_string(), Some(*f))).collect();
+    assert_eq!(refused, expected);
+    assert_eq!(loaded, (0..16).map(|i| format!("l{i}")).collect());
+    // Ended: the ids are free again.
+    send(&mut s, serde_json::json!({"type":"status","id":"l0"}));
+    let e = read_json(&mut s);
+    assert_eq!((e["type"].as_str(), e["id"].as_str()), (Some("status"), Some("l0")), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -11,7 +11,7 @@ use kazeia_daemon::speech::{audio, wer::wer};
 use kazeia_ipc::{AudioFrame, AudioSpec, Client, Event, Frame, Incoming, Request, StopReason, TurnOptions};
 use kazeia_speech::Voice;
 
-fn config_text() -> String {
+pub(crate) fn config_text() -> String {
     format!(
         "[daemon]\npreload = true\n\n\
          [[model]]\nrole = \"thinker\"\nfile = \"{f}\"\nn_ctx = 2048\nthreads = 2\nbackend = \"cpu\"\n[model.sampling]\ntemperature = 0.0\nmax_tokens = 200\n\n\

@@ -34,6 +34,9 @@ pub struct Conn {
     pub(super) audio: AudioTurns,
     /// The connection's subscriptions, by id (ended ones are dropped at the next `subscribe`).
     pub(super) subscriptions: HashMap<String, subscribe::Subscription>,
+    /// The connection's `load` and `unload` requests, by id: each token is cancelled once the
+    /// request's final event is queued (ended ones are dropped at the next of them).
+    pub(super) loads: HashMap<String, CancellationToken>,
 }
 
 impl Conn {
@@ -46,12 +49,15 @@ impl Conn {
             tasks: JoinSet::new(),
             audio: AudioTurns::default(),
             subscriptions: HashMap::new(),
+            loads: HashMap::new(),
         }
     }
 
-    /// Whether a turn or a subscription of this connection runs under `id`.
+    /// Whether a turn, a subscription, a load or an unload of this connection runs under `id`.
     pub(super) fn running(&self, id: &str) -> bool {
-        self.sup.is_running(self.who.conn, id) || self.subscriptions.get(id).is_some_and(|s| s.running())
+        self.sup.is_running(self.who.conn, id)
+            || self.subscriptions.get(id).is_some_and(|s| s.running())
+            || self.loads.get(id).is_some_and(|ended| !ended.is_cancelled())
     }
 
     /// The client is gone (or the daemon stops): cancel its work and wait for it.
