@@ -596,6 +596,25 @@ pub fn default_cache_dir() -> PathBuf {
     kazeia_memory_budget::model_cache_dir()
 }
 
+/// Frames a connection's outbox may hold at most (`connection_buffer`).
+const MAX_BUFFER: usize = 1 << 20;
+
+/// Where `key` is set in `text`: the first line from `section`'s header on (the file's start
+/// without one) that assigns it (`key =`); else the header. A key found as any substring was
+/// blamed on a comment that named it, or on `default_language` for `language`.
+fn key_offset(text: &str, key: &str, section: &str) -> Option<usize> {
+    let from = text.find(section);
+    let mut at = from.unwrap_or(0);
+    for line in text[at..].split_inclusive('\n') {
+        let rest = line.trim_start();
+        if rest.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('=')) {
+            return Some(at + (line.len() - rest.len()));
+        }
+        at += line.len();
+    }
+    from
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
 }
@@ -677,15 +696,15 @@ impl Config {
         }
         let daemon = raw.daemon;
         // The line of `key`, else of its section's header.
-        let key_line =
-            |key: &str, section: &str| line_of(text, text.find(key).or_else(|| text.find(section)).unwrap_or(0));
+        let key_line = |key: &str, section: &str| line_of(text, key_offset(text, key, section).unwrap_or(0));
         // The daemon's own frames must fit: 100 ms of a 48 kHz voice is 9.6 KB, an error 1 KiB
         // of message and its id; under that a voice turn closed its connection.
-        if daemon.max_frame < MIN_FRAME || daemon.connection_buffer == 0 {
+        // A buffer past tokio's channel limit panicked every connection after its handshake.
+        if daemon.max_frame < MIN_FRAME || daemon.connection_buffer == 0 || daemon.connection_buffer > MAX_BUFFER {
             let key = if daemon.max_frame < MIN_FRAME { "max_frame" } else { "connection_buffer" };
             return Err(invalid(
                 key_line(key, "[daemon"),
-                format!("[daemon]: key `max_frame` must be >= {MIN_FRAME} and `connection_buffer` > 0"),
+                format!("[daemon]: key `max_frame` must be >= {MIN_FRAME} and `connection_buffer` in 1..={MAX_BUFFER}"),
             ));
         }
         // 0 refused every connection or every turn of every user, with a message that blamed them.
@@ -738,10 +757,9 @@ impl Config {
             ));
         }
         if !(sp.turn_threshold > 0.0 && sp.turn_threshold < 1.0) || sp.turn_max_silence < sp.turn_pause {
-            let at =
-                text.find("turn_threshold").or_else(|| text.find("turn_max_silence")).or_else(|| text.find("[speech"));
+            let key = if sp.turn_max_silence < sp.turn_pause { "turn_max_silence" } else { "turn_threshold" };
             return Err(invalid(
-                line_of(text, at.unwrap_or(0)),
+                key_line(key, "[speech"),
                 "[speech]: key `turn_threshold` must be in (0, 1) and `turn_max_silence` >= `turn_pause`".into(),
             ));
         }
@@ -900,6 +918,10 @@ mod tests {
             ("[daemon]\nmax_connections_per_uid = 0\n", 5, "max_connections_per_uid"),
             ("[daemon]\nqueue_per_model = 0\n", 5, "queue_per_model"),
             ("[daemon]\nconnection_buffer = 8\nmax_frame = 65535\n", 6, "max_frame"),
+            ("[daemon]\n# max_frame: bytes\nconnection_buffer = 8\nmax_frame = 65535\n", 7, "max_frame"),
+            ("[daemon]\nconnection_buffer = 9223372036854775807\n", 5, "connection_buffer"),
+            ("[speech]\ndefault_language = \"en\"\nlanguage = \"english\"\n", 6, "language"),
+            ("[speech]\nturn_threshold = 0.5\nturn_pause = \"2s\"\nturn_max_silence = \"1s\"\n", 7, "turn_max_silence"),
             ("[speech]\nlanguage = \"english\"\n", 5, "language"),
             ("[speech]\nlanguages = [\"fr\", \"French\"]\n", 5, "languages"),
             ("[speech]\naudio_idle = \"0s\"\n", 5, "audio_idle"),

@@ -25,6 +25,8 @@ pub enum PipelineError {
     Invalid { file: String, message: String },
     #[error("cannot read pipeline directory {dir}: {source}")]
     Io { dir: String, source: std::io::Error },
+    #[error("cannot read pipeline file {file}: {source}")]
+    File { file: String, source: std::io::Error },
 }
 
 /// A stage kind. Each maps to one implementation in [`crate::stages`].
@@ -47,11 +49,12 @@ pub enum Stage {
     /// Check the user's text (`input`) or the reply, sentence by sentence (`output`).
     Guard { role: String, check: crate::guard::Check },
     /// The turn's input is audio: VAD to the end of the utterance, then speech to text. Its
-    /// transcript is the text the later stages see.
-    Transcribe,
+    /// transcript is the text the later stages see. (Braces: serde reads any key beside the tag
+    /// of a unit variant, so `voice = "fr"` here, a typo for a key that does not exist, passed.)
+    Transcribe {},
     /// Speak the text that reaches this stage (the reply's released sentences, or the turn's
     /// own text when no think stage comes before) as audio frames.
-    Speak,
+    Speak {},
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -121,18 +124,18 @@ impl Pipeline {
         let mut stage_no = 0;
         for s in &self.stages {
             let no = match s {
-                Stage::Transcribe => 1,
+                Stage::Transcribe {} => 1,
                 Stage::Guard { check: Check::Input, .. } => 2,
                 Stage::Think { .. } => 3,
                 Stage::Guard { check: Check::Output, .. } => 4,
-                Stage::Speak => 5,
+                Stage::Speak {} => 5,
             };
             if no <= stage_no {
                 return Err(order.into());
             }
             stage_no = no;
             match s {
-                Stage::Transcribe => plan.transcribe = true,
+                Stage::Transcribe {} => plan.transcribe = true,
                 Stage::Guard { role, check: Check::Input } => plan.input_guard = Some(role.clone()),
                 Stage::Think { role, thinking_budget, system } => {
                     plan.think = Some(role.clone());
@@ -140,7 +143,7 @@ impl Pipeline {
                     plan.think_system = system.clone();
                 }
                 Stage::Guard { role, check: Check::Output } => plan.output_guard = Some(role.clone()),
-                Stage::Speak => plan.speak = true,
+                Stage::Speak {} => plan.speak = true,
             }
         }
         if plan.output_guard.is_some() && plan.think.is_none() {
@@ -202,8 +205,11 @@ impl Registry {
             if path.extension().and_then(|e| e.to_str()) != Some("toml") {
                 continue;
             }
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-            let text = std::fs::read_to_string(&path).map_err(io)?;
+            let file = path.display().to_string();
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
+                return Err(PipelineError::Invalid { file, message: "the file name is not UTF-8".into() });
+            };
+            let text = std::fs::read_to_string(&path).map_err(|source| PipelineError::File { file, source })?;
             reg.pipelines.insert(name.clone(), Pipeline::parse(&name, &path.display().to_string(), &text)?);
         }
         Ok(reg)
@@ -245,6 +251,17 @@ mod tests {
         assert!(e.contains("[guard input] then [think]"), "{e}");
     }
 
+    /// A pipeline file that cannot be read is named (the error named only its directory).
+    #[test]
+    fn an_unreadable_file_is_named() {
+        let dir = std::env::temp_dir().join(format!("kazeia-pipelines-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("latin1.toml"), b"description = \"caf\xe9\"\n").unwrap();
+        let e = Registry::with_dir(&dir).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.contains("latin1.toml"), "{e}");
+    }
+
     #[test]
     fn audio_pipelines_are_files_too() {
         let reg = Registry::builtin();
@@ -257,6 +274,15 @@ mod tests {
         assert!(reg.get("voice").unwrap().roles() == vec!["guard".to_string(), "thinker".to_string()]);
         let late = "[[stage]]\nkind = \"speak\"\n[[stage]]\nkind = \"transcribe\"\n";
         assert!(Pipeline::parse("x", "x.toml", late).is_err());
+        // A key these stages do not have is an error, as in the others (it passed unread).
+        for typo in
+            ["[[stage]]\nkind = \"speak\"\nvoice = \"fr\"\n", "[[stage]]\nkind = \"transcribe\"\nlang = \"fr\"\n"]
+        {
+            let e = Pipeline::parse("x", "x.toml", typo).unwrap_err().to_string();
+            assert!(e.contains("x.toml") && e.contains("unknown field"), "{typo:?}: {e}");
+        }
+        let e = Pipeline::parse("x", "x.toml", "[[stage]]\nkind = \"think\"\nrole = \"t\"\nrol = \"u\"\n");
+        assert!(e.unwrap_err().to_string().contains("unknown field"));
     }
 
     #[test]
