@@ -405,6 +405,9 @@ mod tests {
     fn implausible_figures_are_refused() {
         let e = estimate(&header("llama", &llama(1 << 40)), &ContextParams::default()).unwrap_err();
         assert!(e.contains("llama.block_count = 1099511627776 is not plausible"), "{e}");
+        // Layers have their own bound, below the other figures'.
+        let e = estimate(&header("llama", &llama(1 << 20)), &ContextParams::default()).unwrap_err();
+        assert!(e.contains("llama.block_count = 1048576 is not plausible (at most 65536)"), "{e}");
         let mut keys = llama(30);
         keys[3] = ("attention.head_count_kv", Value::Array(vec![Value::U32(3), Value::U64(u64::MAX)]));
         let e = estimate(&header("llama", &keys), &ContextParams::default()).unwrap_err();
