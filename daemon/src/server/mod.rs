@@ -136,9 +136,18 @@ fn apply_htp_sessions(config: &Config) {
     if std::env::var_os("GGML_HEXAGON_DEVICES").is_some() {
         return;
     }
-    let Ok(plan) = crate::plan::plan(config) else { return };
-    if let Some(devices) = plan.models.iter().filter_map(|m| m.htp_devices.clone()).max_by_key(|d| d.split(',').count())
-    {
+    // Each model planned on its own: one whose file is missing or unreadable leaves the others'
+    // split in place (the whole plan failing set no device for any model).
+    let mut devices: Vec<String> = Vec::new();
+    for m in &config.models {
+        let mut one = config.clone();
+        one.models = vec![m.clone()];
+        match crate::plan::plan(&one) {
+            Ok(plan) => devices.extend(plan.models.iter().filter_map(|p| p.htp_devices.clone())),
+            Err(e) => tracing::warn!(role = %m.role, "no HTP plan for this role: {e}"),
+        }
+    }
+    if let Some(devices) = devices.into_iter().max_by_key(|d| d.split(',').count()) {
         tracing::info!(%devices, "GGML_HEXAGON_DEVICES from the memory plan");
         std::env::set_var("GGML_HEXAGON_DEVICES", devices);
     }

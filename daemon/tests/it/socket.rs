@@ -662,6 +662,26 @@ fn subscriptions_end_on_cancel_and_are_bounded() {
     subscribe(&mut s, &mut subscribed, "s16");
 }
 
+/// The HTP sessions the memory plan asks for are set at start for every model that can be
+/// planned: a role whose file is missing is named in the log and the others keep their split
+/// (the whole plan failing set no device for any model). Here no NPU runs them, so the roles
+/// then run on the CPU, as status says.
+#[test]
+fn a_missing_model_file_leaves_the_others_htp_plan() {
+    let text = format!(
+        "[daemon]\npreload = false\n\n[[model]]\nrole = \"thinker\"\nfile = \"{}\"\nbackend = \"htp\"\n\n\
+         [[model]]\nrole = \"guard\"\nfile = \"/nonexistent/guard.gguf\"\nbackend = \"htp\"\n",
+        common::smollm2().display()
+    );
+    let d = Daemon::start(&text);
+    d.wait_log("GGML_HEXAGON_DEVICES from the memory plan");
+    assert!(
+        d.log().contains("no HTP plan for this role") && d.log().contains("/nonexistent/guard.gguf"),
+        "{}",
+        d.log()
+    );
+}
+
 /// `load` and `unload` take their ids until their final event, and a connection runs at most 16
 /// of them (uncounted, a client's million unloads during a load were a million tasks): the
 /// speech models' load (seconds of ONNX Runtime) holds the first, the others wait behind it. A
