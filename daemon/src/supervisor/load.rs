@@ -81,7 +81,7 @@ impl Supervisor {
         }
         self.set_role(role, ModelState::Loading, Some(0.0), None);
         let engine = self.engine.clone();
-        let rss_before = rss_bytes();
+        let measuring = self.meter.begin();
         let mut params = cfg.role_params();
         params.prefix_dir = self.config.daemon.prefix_dir();
         let result =
@@ -90,9 +90,10 @@ impl Supervisor {
             );
         match result {
             Ok(_) => {
-                // Measured: RSS growth across the load. With mmap off the weights are read into
-                // anonymous memory, so RSS covers them (Pss would be equal for this process).
-                let measured = rss_before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
+                // Measured: RSS growth across the load (none if another load or unload ran
+                // meanwhile). With mmap off the weights are read into anonymous memory, so RSS
+                // covers them (Pss would be equal for this process).
+                let measured = measuring.growth();
                 let mut ledger = self.ledger.lock().expect("ledger");
                 ledger.set_measured(role, measured);
                 // Idle from now, not from its reservation: a load longer than the role's
@@ -140,12 +141,14 @@ impl Supervisor {
         }
         let engine = self.engine.clone();
         let r = role.to_string();
+        let freeing = self.meter.begin();
         let unloaded = tokio::task::spawn_blocking(move || engine.unload(&r)).await.unwrap_or(false);
         if unloaded {
             super::heap::trim();
             self.ledger.lock().expect("ledger").remove(role);
             self.set_role(role, ModelState::Unloaded, None, None);
         }
+        drop(freeing);
         self.unloading.lock().expect("unloading").remove(role);
         if unloaded {
             Unload::Done
@@ -241,9 +244,4 @@ impl Supervisor {
         }
         done
     }
-}
-
-/// This process's resident set size (VmRSS), bytes.
-pub(super) fn rss_bytes() -> Option<u64> {
-    pressure::sample().ok().map(|s| s.rss)
 }

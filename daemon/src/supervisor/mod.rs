@@ -7,11 +7,12 @@
 //! - `speech`: the speech models, loaded once;
 //! - `status`: the report clients, subscribers and D-Bus read.
 //!
-//! Lock order: `roles` before `turns` before `ledger` before `leases` before `unloading`. No std lock is held
-//! across an await or an engine call; `loading` (async) is held across a whole admission + load.
+//! Lock order: `roles` before `turns` before `ledger` before `leases` before `unloading`; the
+//! load meter's lock is taken last and alone. No std lock is held across an await or an engine call; `loading` (async) is held across a whole admission + load.
 
 mod heap;
 mod load;
+mod meter;
 mod speech;
 mod status;
 mod turn;
@@ -72,11 +73,17 @@ pub struct Supervisor {
     speech: Mutex<Option<Arc<SpeechStack>>>,
     /// Held across a speech load or unload (never `speech` itself: status reads that).
     speech_loading: Mutex<()>,
+    /// The stack was taken from `speech` and is being freed (set under `speech`): status says
+    /// `loaded` until its memory is gone, as for a language model, not `loading` (it read
+    /// `speech_loading` held with no stack as a load).
+    speech_freeing: std::sync::atomic::AtomicBool,
     /// Audio turns running (each holds a [`speech::SpeechUse`]): `unload stt` waits for none.
     speech_users: std::sync::atomic::AtomicUsize,
     /// When the last claim on the speech models ended (or the daemon started): memory pressure
     /// sheds them only after [`speech::SPEECH_IDLE_BEFORE_SHED`] of no use.
     speech_released: Mutex<Instant>,
+    /// Loads and unloads under way: a load's `measured_bytes` only when it ran alone.
+    meter: meter::LoadMeter,
 }
 
 /// Without exclusive compute each role decodes on its own thread, side by side only while their
@@ -130,8 +137,10 @@ impl Supervisor {
             stopping: CancellationToken::new(),
             speech: Mutex::new(None),
             speech_loading: Mutex::new(()),
+            speech_freeing: std::sync::atomic::AtomicBool::new(false),
             speech_users: std::sync::atomic::AtomicUsize::new(0),
             speech_released: Mutex::new(Instant::now()),
+            meter: meter::LoadMeter::default(),
         })
     }
 

@@ -10,7 +10,6 @@ use kazeia_ipc::{ModelState, ModelStatus};
 
 use crate::speech::{EndOfTurn, Placement, SpeechError, Transcriber, Voice};
 
-use super::load::rss_bytes;
 use super::Supervisor;
 
 /// The speech models, shared by audio turns (one transcription at a time: ONNX sessions run
@@ -163,6 +162,8 @@ impl SpeechStack {
         }
         let own = !preloaded_voices(&sup.config.speech).iter().any(|l| l == language);
         let reserved = own && sup.reserve_voice(language)?;
+        // Not measured (the stack's figure is), but a load beside it must not count it.
+        let loading = sup.meter.begin();
         let loaded = match crate::speech::voice_for(&sup.config, language) {
             Ok(v) => Arc::new(Mutex::new(v)),
             Err(e) => {
@@ -172,6 +173,7 @@ impl SpeechStack {
                 return Err(e);
             }
         };
+        drop(loading);
         Ok(self.voices.lock().expect("voices").entry(language.to_string()).or_insert(loaded).clone())
     }
 
@@ -246,7 +248,7 @@ impl Supervisor {
             }
         }
         let _ = self.changes.send(());
-        let before = rss_bytes();
+        let measuring = self.meter.begin();
         let stack = match SpeechStack::load(self) {
             Ok(s) => Arc::new(s),
             Err(e) => {
@@ -255,8 +257,8 @@ impl Supervisor {
                 return Err(e);
             }
         };
-        let measured = before.zip(rss_bytes()).map(|(a, b)| b as i64 - a as i64);
-        self.ledger.lock().expect("ledger").set_measured("speech", measured);
+        self.ledger.lock().expect("ledger").set_measured("speech", measuring.growth());
+        drop(measuring);
         *self.speech.lock().expect("speech") = Some(stack.clone());
         let _ = self.changes.send(());
         Ok(stack)
@@ -354,6 +356,7 @@ impl Supervisor {
             match (role, slot.as_ref()) {
                 (_, None) => return Ok(false),
                 (SpeechRole::Voice(lang), Some(stack)) => {
+                    let _freeing = self.meter.begin();
                     let gone = stack.voices.lock().expect("voices").remove(lang).is_some();
                     if gone {
                         self.ledger.lock().expect("ledger").remove(&voice_entry(lang));
@@ -364,7 +367,10 @@ impl Supervisor {
                 (SpeechRole::Stack, Some(_)) if self.speech_users.load(std::sync::atomic::Ordering::SeqCst) > 0 => {
                     return Err("the speech models are in use by an audio turn (or their warm-up at start)".into())
                 }
-                (SpeechRole::Stack, Some(_)) => slot.take(),
+                (SpeechRole::Stack, Some(_)) => {
+                    self.speech_freeing.store(true, std::sync::atomic::Ordering::SeqCst);
+                    slot.take()
+                }
             }
         };
         self.free_speech(taken);
@@ -375,14 +381,17 @@ impl Supervisor {
     /// its slot is freed (ONNX sessions, here, outside the status lock; the heap trimmed) before
     /// the ledger lets its bytes go.
     fn free_speech(&self, taken: Option<Arc<SpeechStack>>) {
+        let changing = self.meter.begin();
         drop(taken);
         super::heap::trim();
+        drop(changing);
         let mut ledger = self.ledger.lock().expect("ledger");
         let voices: Vec<String> = self.config.speech.voices.keys().map(|l| voice_entry(l)).collect();
         for entry in voices.iter().map(String::as_str).chain(["speech"]) {
             ledger.remove(entry);
         }
         drop(ledger);
+        self.speech_freeing.store(false, std::sync::atomic::Ordering::SeqCst);
         let _ = self.changes.send(());
     }
 
@@ -404,6 +413,7 @@ impl Supervisor {
             {
                 return false;
             }
+            self.speech_freeing.store(slot.is_some(), std::sync::atomic::Ordering::SeqCst);
             slot.take()
         };
         if taken.is_none() {
@@ -416,8 +426,11 @@ impl Supervisor {
     /// Status rows of the speech models (`stt`, `vad`, `turn`, `tts`): where they run and why.
     pub(super) fn speech_status(&self, ledger: &kazeia_memory_budget::Ledger) -> Vec<ModelStatus> {
         let loaded = self.speech.lock().expect("speech").clone();
-        // A load holds `speech_loading` for its whole length (seconds); status only peeks at it.
-        let loading = loaded.is_none() && self.speech_loading.try_lock().is_err();
+        // Read after the slot: an unload marks it under the slot's lock before taking the stack.
+        let freeing = loaded.is_none() && self.speech_freeing.load(std::sync::atomic::Ordering::SeqCst);
+        // A load holds `speech_loading` for its whole length (seconds); status only peeks at it
+        // (an unload holds it too).
+        let loading = loaded.is_none() && !freeing && self.speech_loading.try_lock().is_err();
         let entry = ledger.get("speech");
         let sp = &self.config.speech;
         let unloaded = if sp.preload && self.config.daemon.preload {
@@ -429,6 +442,7 @@ impl Supervisor {
             |role: &str, file: String, device: Option<String>, placement: Option<String>, first: bool| ModelStatus {
                 role: role.into(),
                 state: match (&loaded, loading) {
+                    _ if freeing => ModelState::Loaded,
                     (Some(_), _) => ModelState::Loaded,
                     (None, true) => ModelState::Loading,
                     (None, false) => ModelState::Unloaded,
@@ -437,7 +451,7 @@ impl Supervisor {
                 architecture: Some("onnx".into()),
                 file_bytes: None,
                 device,
-                placement: placement.or_else(|| Some(unloaded.into())),
+                placement: placement.or_else(|| Some(if freeing { "being unloaded" } else { unloaded }.into())),
                 shares_model_with: vec![],
                 busy: 0,
                 turns: 0,
@@ -484,5 +498,37 @@ impl Supervisor {
             rows.push(r);
         }
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    /// While an unload frees the stack (taken from its slot, `speech_loading` held), the speech
+    /// rows read `loaded` as a language model's row does until its memory is gone; they read
+    /// `loading` only for a load. (They read `loading` during every unload and shed.)
+    #[test]
+    fn a_stack_being_freed_is_not_read_as_loading() {
+        let text = "[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\n";
+        let config = crate::config::Config::parse(std::path::Path::new("models.toml"), text).unwrap();
+        let sup = Supervisor::new(config, kazeia_pipelines::Registry::builtin());
+        let stt = |sup: &Supervisor| {
+            let ledger = sup.ledger.lock().unwrap();
+            sup.speech_status(&ledger).into_iter().find(|r| r.role == "stt").unwrap()
+        };
+        assert_eq!(stt(&sup).state, ModelState::Unloaded);
+        let held = sup.speech_loading.lock().unwrap();
+        assert_eq!(stt(&sup).state, ModelState::Loading, "a load holds the lock with no stack yet");
+        // As unload_speech and shed_speech mark it, under the slot's lock, before the take.
+        sup.speech_freeing.store(true, Ordering::SeqCst);
+        let row = stt(&sup);
+        assert_eq!(row.state, ModelState::Loaded, "{row:?}");
+        assert_eq!(row.placement.as_deref(), Some("being unloaded"));
+        sup.free_speech(None);
+        assert_eq!(stt(&sup).state, ModelState::Loading, "freed: the lock alone is a load again");
+        drop(held);
+        assert_eq!(stt(&sup).state, ModelState::Unloaded);
     }
 }
