@@ -53,6 +53,7 @@ pub struct Plan {
 /// has none; one without `.gguf` was left out, the plan saying `fits` without it, while `serve`
 /// loaded it).
 pub fn plan(config: &Config) -> Result<Plan, String> {
+    let (cap, cap_note) = session_cap(std::env::var("GGML_HEXAGON_VMEM").ok().as_deref());
     let mut models: Vec<ModelPlan> = Vec::new();
     // Each model's weights key (`ModelConfig::weights_key`), as `models`.
     let mut keys: Vec<String> = Vec::new();
@@ -74,7 +75,7 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
         let mut cpu_weights = weights;
         if m.backend != Backend::Cpu {
             let split = layer_bytes(&header, htp_runs);
-            match plan_htp(&split.layers, split.cpu, split.output, DEFAULT_SESSION_CAP) {
+            match plan_htp(&split.layers, split.cpu, split.output, cap) {
                 Ok(p) => {
                     backend = "htp".into();
                     sessions = p.sessions.len();
@@ -87,6 +88,9 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
                     }
                 }
                 Err(e) => note = Some(format!("no HTP split ({e}): CPU")),
+            }
+            if let Some(c) = &cap_note {
+                note = Some(note.map_or(c.clone(), |n| format!("{n}; {c}")));
             }
         }
         let total = est.cost(shares.is_some());
@@ -116,6 +120,44 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
     let total_bytes = models.iter().map(|m| m.total_bytes).sum();
     let budget_bytes = config.budget.budget_bytes();
     Ok(Plan { budget_bytes, total_bytes, fits: total_bytes <= budget_bytes, models })
+}
+
+/// The bytes of weights one HTP session maps: `GGML_HEXAGON_VMEM` as llama.cpp's Hexagon
+/// backend reads it (MiB, C `strtoul` with base 0: decimal, `0x` hex, a leading `0` octal;
+/// digits up to the first other character), else its default on v75+ (3,355,443,200 B). A
+/// window set smaller than the default and planned at the default made sessions the device
+/// could not map; set larger, it planned more sessions than needed. `0` (or no number) makes the
+/// backend measure the window when it starts: the plan keeps the default, and says so.
+/// Returns the cap and a note for the plan when the variable is set.
+fn session_cap(env: Option<&str>) -> (u64, Option<String>) {
+    const MIB: u64 = 1 << 20;
+    let Some(raw) = env else { return (DEFAULT_SESSION_CAP, None) };
+    let s = raw.trim_start().strip_prefix('+').unwrap_or(raw.trim_start());
+    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None if s.starts_with('0') => (s, 8),
+        None => (s, 10),
+    };
+    let end = digits.find(|c: char| !c.is_digit(radix)).unwrap_or(digits.len());
+    // No digits reads 0; too many for a u64 (or a sign) is no size at all.
+    let mib = match &digits[..end] {
+        "" => Some(0),
+        d => u64::from_str_radix(d, radix).ok(),
+    };
+    let default = kazeia_memory_budget::human_bytes(DEFAULT_SESSION_CAP);
+    match mib.filter(|_| !s.starts_with('-')).map(|m| m.checked_mul(MIB)) {
+        Some(Some(0)) => (
+            DEFAULT_SESSION_CAP,
+            Some(format!("GGML_HEXAGON_VMEM={raw:?}: the backend measures its window at start; planned with the default {default}")),
+        ),
+        Some(Some(bytes)) => {
+            (bytes, Some(format!("HTP sessions of {} (GGML_HEXAGON_VMEM)", kazeia_memory_budget::human_bytes(bytes))))
+        }
+        _ => (
+            DEFAULT_SESSION_CAP,
+            Some(format!("GGML_HEXAGON_VMEM={raw:?} is not a window in MiB; planned with the default {default}")),
+        ),
+    }
 }
 
 /// The speech rows of the plan (`stt` with the VAD and the end-of-turn model, one `tts` per
@@ -222,4 +264,38 @@ pub fn print(p: &Plan) {
         mib(p.budget_bytes),
         if p.fits { "fits" } else { "DOES NOT FIT" }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_window_is_read_as_the_backend_reads_it() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(session_cap(None), (DEFAULT_SESSION_CAP, None));
+        for (env, bytes) in [
+            ("3328", 3328 * MIB),
+            (" +2048", 2048 * MIB),
+            ("0x400", 1024 * MIB),
+            ("0100", 64 * MIB),
+            ("1500MB", 1500 * MIB),
+        ] {
+            let (cap, note) = session_cap(Some(env));
+            assert_eq!(cap, bytes, "{env}");
+            assert!(note.unwrap().contains("GGML_HEXAGON_VMEM"));
+        }
+        // Measured by the backend at start (0, no number): the default, said.
+        for env in ["0", "", "abc"] {
+            let (cap, note) = session_cap(Some(env));
+            assert_eq!(cap, DEFAULT_SESSION_CAP, "{env}");
+            assert!(note.unwrap().contains("measures its window"), "{env}");
+        }
+        // What strtoul would wrap or clamp: no window to plan from.
+        for env in ["-1", "99999999999999999999", "17592186044416"] {
+            let (cap, note) = session_cap(Some(env));
+            assert_eq!(cap, DEFAULT_SESSION_CAP, "{env}");
+            assert!(note.unwrap().contains("not a window"), "{env}");
+        }
+    }
 }
