@@ -65,6 +65,18 @@ impl GenerateRequest {
     }
 }
 
+/// Where the part of a request's messages that never depends on the checked or user's text
+/// ends: the messages before `message`, then `bytes` of that one's content. A role keeps only
+/// that part in its prefix file (`prefix_file`, on disk across restarts). The guard's formats
+/// write the user's text inside the message that holds the instructions, so the prefix two
+/// slots shared (what the file kept) held the first question after each load: the only place
+/// a user's words reached the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedPart {
+    pub message: usize,
+    pub bytes: usize,
+}
+
 /// Pick one of `labels` (exact continuation texts, e.g. " Safe") as the continuation of the chat
 /// prompt followed by `answer_prefix` (e.g. "Safety:"), in one pass: the labels' next-token logits are compared, and where labels
 /// share leading tokens the choice is decoded constrained to the labels.
@@ -79,6 +91,9 @@ pub struct ClassifyRequest {
     pub reuse_cache: bool,
     /// Cache slot, as for [`GenerateRequest::slot`].
     pub slot: u32,
+    /// The instructions' extent, kept on disk for the next load; None keeps nothing of a role
+    /// with several slots.
+    pub fixed: Option<FixedPart>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +143,8 @@ pub struct PrefillRequest {
     /// found nothing after the system prompt held (the whole prompt decoded again).
     pub history: Option<(usize, usize)>,
     pub options: GenerateOptions,
+    /// As [`ClassifyRequest::fixed`].
+    pub fixed: Option<FixedPart>,
 }
 
 impl PrefillRequest {
@@ -140,6 +157,7 @@ impl PrefillRequest {
             progress: None,
             history: None,
             options: GenerateOptions::default(),
+            fixed: None,
         }
     }
 }

@@ -21,7 +21,7 @@
 use std::time::Instant;
 
 use crate::api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, LlmError,
+    ChatMessage, Classification, ClassifyRequest, FixedPart, GenEvent, GenSummary, GenerateOptions, LlmError,
     Prefilled as PrefillSummary, Upto, PREFILL_CUT,
 };
 use kazeia_ipc::{Metrics, StopReason};
@@ -255,8 +255,9 @@ impl Run<'_, '_> {
                         let held = self.cache.seq(other)[..n].to_vec();
                         *self.cache.seq(seq as usize) = held;
                         keep = n;
-                        // This sequence holds exactly the shared prefix now: keep it on disk.
-                        self.keep_prefix(n);
+                        // Not kept on disk here: what two slots share may run into the user's
+                        // text (a guard's input and output checks share the question). The
+                        // file keeps the fixed opening alone (`keep_at`).
                     } else {
                         self.reset();
                         keep = 0;
@@ -508,25 +509,40 @@ pub fn run(
     generated
 }
 
-/// Where a one-slot role's fixed opening ends in `tokens`, while it is not on disk yet, or (a
-/// hybrid model) while its sequence has no checkpoint: the template's start with the request's
-/// system messages, up to the first user text (found as what two probe prompts, user "a" and
-/// user "b", share). Kept in the role's prefix file, the next load restores it: a Thinker's
-/// system prompt is prefilled once per model and context shape, not once per start of the
-/// daemon (Android stops idle services). Kept as a checkpoint, a new conversation rewinds to it
-/// instead of starting over.
-fn fixed_opening(run: &mut Run<'_, '_>, messages: &[ChatMessage], tokens: &[LlamaToken]) -> Option<usize> {
+/// Where a role's fixed opening ends in `tokens`, while it is not on disk yet, or (a hybrid
+/// model) while its sequence has no checkpoint. With `fixed` (a guard's instructions): up to
+/// that point of the messages. Else, for a one-slot role: the template's start with the
+/// request's system messages, up to the first user text. Either is found as what two probe
+/// prompts share, the opening followed by "a" and by "b" (a token the next text could merge
+/// with is left out). Kept in the role's prefix file, the next load restores it: a Thinker's
+/// system prompt or a guard's instructions are prefilled once per model and context shape, not
+/// once per start of the daemon (Android stops idle services). Kept as a checkpoint, a new
+/// conversation rewinds to it instead of starting over. Nothing past it is ever kept on disk.
+fn fixed_opening(
+    run: &mut Run<'_, '_>,
+    messages: &[ChatMessage],
+    tokens: &[LlamaToken],
+    fixed: Option<FixedPart>,
+) -> Option<usize> {
     run.judge_restored(tokens);
     let for_file = !run.cache.prefix_kept && run.cfg.prefix_dir.is_some();
     let for_checkpoint =
         run.cfg.checkpoints >= 2 && run.model.recurrent_state() && run.cache.checkpoints(run.seq as usize).is_empty();
-    if run.cfg.cache_slots > 1 || !(for_file || for_checkpoint) {
+    if (fixed.is_none() && run.cfg.cache_slots > 1) || !(for_file || for_checkpoint) {
         return None;
     }
-    let system: Vec<ChatMessage> = messages.iter().take_while(|m| m.role == "system").cloned().collect();
+    // The messages before the fixed part's end, and the head of the one it ends in.
+    let (before, head) = match fixed {
+        Some(f) => {
+            let m = messages.get(f.message);
+            let head = m.map_or(Some(("user", "")), |m| m.content.get(..f.bytes).map(|h| (m.role.as_str(), h)))?;
+            (messages[..f.message.min(messages.len())].to_vec(), head)
+        }
+        None => (messages.iter().take_while(|m| m.role == "system").cloned().collect(), ("user", "")),
+    };
     let probe = |text: &str| {
-        let mut m = system.clone();
-        m.push(ChatMessage::new("user", text));
+        let mut m = before.clone();
+        m.push(ChatMessage::new(head.0, format!("{}{text}", head.1)));
         run.tokenize(&m, "", false).ok().map(|(t, _, _)| t)
     };
     let (a, b) = (probe("a")?, probe("b")?);
@@ -619,7 +635,7 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
     run.make_room(tokens.len() + (room as usize).min(n_ctx as usize / 2));
     let hybrid = base >= 2 && run.model.recurrent_state();
     let first = if hybrid { base - 1 } else { tokens.len() };
-    let keep_at = fixed_opening(run, &messages, &tokens);
+    let keep_at = fixed_opening(run, &messages, &tokens, None);
     let mut pre =
         run.prefill(&tokens[..first], first == tokens.len(), keep_at, &cancelled, Some(&job.events), false)?;
     let rewind = Rewind { at: base };
@@ -930,7 +946,7 @@ fn prefill_ahead(
         true => GenerateError::Cancelled,
         false => GenerateError::Occupied(role.clone()),
     };
-    let keep_at = fixed_opening(run, messages, &tokens);
+    let keep_at = fixed_opening(run, messages, &tokens, request.fixed);
     // A hybrid model keeps its state where the turn's own text begins (after the history and
     // the last message's header), once per turn: the final transcript, or a later partial, that
     // departs anywhere in the words heard rewinds there, not to the turn's start or further
@@ -1003,7 +1019,8 @@ fn classify(
     if !req.reuse_cache {
         run.reset();
     }
-    let pre = run.prefill(&tokens, true, None, cancelled, None, false)?;
+    let keep_at = fixed_opening(run, &req.messages, &tokens, req.fixed);
+    let pre = run.prefill(&tokens, true, keep_at, cancelled, None, false)?;
     if pre.cancelled {
         return Err(GenerateError::Cancelled);
     }

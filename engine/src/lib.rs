@@ -31,8 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
-    LlmError, PrefillRequest, Prefilled, Upto, PREFILL_CUT,
+    ChatMessage, Classification, ClassifyRequest, FixedPart, GenEvent, GenSummary, GenerateOptions, GenerateRequest,
+    Llm, LlmError, PrefillRequest, Prefilled, Upto, PREFILL_CUT,
 };
 pub use backend::{place, Placement};
 pub use error::{GenerateError, LoadError};

@@ -22,6 +22,31 @@ pub struct SharedModel {
     /// The text of the vocabulary's control tokens (`<|im_start|>`, `<|im_end|>`, …), longest
     /// first: written in a message, they are escaped (`prompt::escape_controls`).
     pub controls: Vec<String>,
+    /// The file as it was read (the prefix files' key); None if it changed during the load.
+    pub identity: Option<FileIdentity>,
+}
+
+/// What tells one model file from its replacement at the same path: size, modification time,
+/// device and inode, read when the model loaded. Read again at each prefix file's write or
+/// restore, it was the new file's while the weights in memory were the old one's: a file
+/// replaced under a loaded role had the old weights' state written under the new file's key,
+/// and every later load of the new file restored it (a stale guard prefix: wrong verdicts).
+/// The inode tells a replacement that kept the size and time (`tar`, `cp -p` then `mv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    pub len: u64,
+    pub mtime_ns: u128,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileIdentity {
+    pub fn of(path: &Path) -> Option<FileIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        let mtime_ns = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+        Some(FileIdentity { len: meta.len(), mtime_ns, dev: meta.dev(), ino: meta.ino() })
+    }
 }
 
 /// What makes two roles able to share one loaded model.
@@ -71,6 +96,7 @@ impl SharedModel {
         progress: Box<dyn FnMut(f32) + Send>,
     ) -> Result<Arc<SharedModel>, LoadError> {
         // A missing, truncated or foreign file fails here with its name, not inside llama.cpp.
+        let before = FileIdentity::of(path);
         let header = gguf::read_header(path)?;
         let backend = backend()?;
         let mut progress = progress;
@@ -92,7 +118,18 @@ impl SharedModel {
         })?;
         let template = model.chat_template(None).ok().and_then(|t| t.to_string().ok());
         let controls = control_texts(&model);
-        Ok(Arc::new(SharedModel { model, path: path.to_path_buf(), header, mmap, placement, template, controls }))
+        // Replaced while it loaded: which file the weights came from is unknown.
+        let identity = before.filter(|b| FileIdentity::of(path).as_ref() == Some(b));
+        Ok(Arc::new(SharedModel {
+            model,
+            path: path.to_path_buf(),
+            header,
+            mmap,
+            placement,
+            template,
+            controls,
+            identity,
+        }))
     }
 
     pub fn file_bytes(&self) -> u64 {

@@ -3,11 +3,12 @@
 //! Android kills idle services and the daemon unloads idle roles: after each load the guard's
 //! instructions were prefilled again before the first verdict (0.67 s of a first guarded turn's
 //! 0.85 s here; ~10 s for a 4B guard on the device's CPU). The engine writes the sequence's state
-//! once it holds exactly the prefix two slots share, and restores it when the role loads.
+//! once it holds exactly the role's fixed opening (a guard's instructions, up to the checked
+//! text: never a user's words), and restores it when the role loads.
 //!
 //! Safety first: the file is named by a key over everything the state depends on (the model
-//! file's path, size and mtime, the context's shape and KV types, the template, llama.cpp's
-//! build) and carries the key, the tokens and a SHA-256 of the state. A missing, stale,
+//! file's path, size, mtime and inode as it was when the weights were read, the context's shape
+//! and KV types, the template, llama.cpp's build) and carries the key, the tokens and a SHA-256 of the state. A missing, stale,
 //! truncated or corrupt file means a normal prefill and a log line, never a wrong verdict: the
 //! state is handed to llama.cpp only after every check passed, and the restored tokens only
 //! count where a prompt matches them exactly (the prefix cache compares tokens).
@@ -51,12 +52,15 @@ pub enum PrefixFileError {
 /// copied or renamed under another key's name is refused); None when the role keeps none.
 pub fn path(cfg: &RoleParams, model: &SharedModel) -> Option<(PathBuf, [u8; 32])> {
     let dir = cfg.prefix_dir.as_ref()?;
-    let meta = std::fs::metadata(&model.path).ok()?;
-    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    // The file the weights were read from, as it was then (not as it is now).
+    let id = model.identity?;
     let key = format!(
-        "{}|{}|{mtime}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}",
         model.path.display(),
-        meta.len(),
+        id.len,
+        id.mtime_ns,
+        id.dev,
+        id.ino,
         cfg.n_ctx,
         cfg.n_batch,
         cfg.n_ubatch,
@@ -124,6 +128,9 @@ pub fn save(
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = path.with_extension(format!("prefix.{}-{n}.tmp", std::process::id()));
     let io = |e| PrefixFileError::Io(tmp.display().to_string(), e);
+    // Removed on any failure below (a full disk, a rename refused): each load could leave one
+    // (up to MAX_BYTES), and eviction counted only finished files.
+    let unfinished = Unfinished(&tmp);
     let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
     f.write_all(MAGIC).map_err(io)?;
     f.write_all(key).map_err(io)?;
@@ -136,8 +143,23 @@ pub fn save(
     f.write_all(&state).map_err(io)?;
     f.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|e| PrefixFileError::Io(show, e))?;
+    std::mem::forget(unfinished);
     Ok(state.len())
 }
+
+/// A file being written: removed unless the write finished (then forgotten).
+struct Unfinished<'a>(&'a Path);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+/// A file being written by a process killed before its end (the Android low-memory killer, a
+/// power cut) stays; one of the role's this old is no write still under way (a write takes
+/// seconds), and goes at the role's next write.
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Remove the role's files other than `path` past the `keep` most recently used (newest
 /// modification time first: a restore touches its file), and those unused for `MAX_IDLE`.
@@ -149,8 +171,21 @@ fn evict(path: &Path, keep: usize) {
         return;
     };
     let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let modified = |e: &std::fs::DirEntry| e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+    let entries: Vec<std::fs::DirEntry> = entries.flatten().collect();
+    for e in &entries {
+        // `<role>-<key hex>.prefix.<pid>-<n>.tmp`, left by a write that never ended.
+        let name = e.file_name().to_string_lossy().into_owned();
+        let unfinished = name
+            .strip_prefix(&role)
+            .and_then(|k| k.get(2 * KEY_BYTES..))
+            .is_some_and(|rest| rest.starts_with(".prefix.") && rest.ends_with(".tmp"));
+        if unfinished && modified(e).elapsed().is_ok_and(|d| d > STALE_TMP) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
     let mut others: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
+        .into_iter()
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             // This role's only: after `<role>-`, exactly a key's hex digits (the files of a role
@@ -159,7 +194,7 @@ fn evict(path: &Path, keep: usize) {
                 .is_some_and(|k| k.len() == 2 * KEY_BYTES + ".prefix".len() && k.ends_with(".prefix"))
                 && e.path() != path
         })
-        .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), e.path()))
+        .map(|e| (modified(&e), e.path()))
         .collect();
     others.sort_by_key(|o| std::cmp::Reverse(o.0));
     let idle = |at: std::time::SystemTime| at.elapsed().is_ok_and(|d| d > MAX_IDLE);
@@ -170,11 +205,11 @@ fn evict(path: &Path, keep: usize) {
     }
 }
 
-/// Mark `path` as just used, so that the role's other keys are evicted before it.
-fn touch(path: &Path) {
-    if let Ok(f) = std::fs::OpenOptions::new().append(true).open(path) {
-        let _ = f.set_modified(std::time::SystemTime::now());
-    }
+/// Mark the file `restore` read as just used, so that the role's other keys are evicted before
+/// it: through the descriptor it read (opening the path again, without O_NONBLOCK and
+/// O_NOFOLLOW, could block on a FIFO put there meanwhile, or follow a link).
+fn touch(file: &std::fs::File) {
+    let _ = file.set_modified(std::time::SystemTime::now());
 }
 
 /// Read `path` and restore it into sequence `seq`: the tokens it holds now.
@@ -206,7 +241,7 @@ pub fn restore(
         return Err(bad("larger than any prefix file"));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, largest as u64 + 1), &mut bytes)
+    std::io::Read::read_to_end(&mut std::io::Read::take(&file, largest as u64 + 1), &mut bytes)
         .map_err(|e| PrefixFileError::Io(show.clone(), e))?;
     if bytes.len() > largest {
         return Err(bad("larger than any prefix file"));
@@ -242,7 +277,7 @@ pub fn restore(
         let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
         return Err(bad("llama.cpp refused the state"));
     }
-    touch(path);
+    touch(&file);
     Ok(tokens)
 }
 

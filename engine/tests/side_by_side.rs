@@ -66,6 +66,7 @@ fn check(text: &str) -> ClassifyRequest {
         labels: vec![" Safe".into(), " Unsafe".into()],
         reuse_cache: true,
         slot: 1,
+        fixed: None,
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Deserialize;
 
-use kazeia_engine::api::ChatMessage;
+use kazeia_engine::api::{ChatMessage, FixedPart};
 
 /// Which guard model family's prompt and answer format to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -116,6 +116,8 @@ const LLAMA_GUARD_CATEGORIES: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct GuardPrompt {
     pub messages: Vec<ChatMessage>,
+    /// The instructions, before the user's text: all a guard keeps on disk.
+    pub fixed: FixedPart,
     pub answer_prefix: String,
     /// (continuation as the model would write it, normalized label)
     pub labels: Vec<(String, Label)>,
@@ -232,9 +234,11 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
          **Safety: Safe**: The {who}'s {what} does not contain any prohibited content or content that could lead to prohibited content.\n\
          **Safety: Unsafe**: The {who}'s {what} contains prohibited content.\n\
          **Safety: Controversial**: The {who}'s {what} does not explicitly contain prohibited content, but its intent, context, or potential responses could be misinterpreted, misused, or exploited to generate unsafe content under certain conditions.\n\
-         <END SAFETY POLICY>\n\n<BEGIN UNSAFE CONTENT CATEGORIES>\n{}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUSER: {user}\n\n",
+         <END SAFETY POLICY>\n\n<BEGIN UNSAFE CONTENT CATEGORIES>\n{}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUSER: ",
         cats.iter().map(|c| format!("{c}.")).collect::<Vec<_>>().join("\n")
     );
+    let fixed = FixedPart { message: 0, bytes: text.len() };
+    text.push_str(&format!("{user}\n\n"));
     if check == Check::Output {
         text.push_str(&format!("ASSISTANT: {reply}\n\n"));
     }
@@ -248,6 +252,7 @@ fn qwen3guard(check: Check, user: &str, reply: &str) -> GuardPrompt {
     }
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
+        fixed,
         answer_prefix: "Safety:".into(),
         labels: vec![
             (" Safe".into(), Label::Safe),
@@ -273,15 +278,18 @@ fn compact(check: Check, user: &str, reply: &str) -> GuardPrompt {
          Unsafe: prohibited content: {}.\n\
          Controversial: not explicitly prohibited, but its intent or context could be misused to produce unsafe content.\n\
          Answer with 'Safety: Safe', 'Safety: Unsafe' or 'Safety: Controversial' on the first line, then 'Categories:' and the categories, or 'None'.\n\n\
-         <BEGIN CONVERSATION>\nUSER: {user}\n",
+         <BEGIN CONVERSATION>\nUSER: ",
         QWEN_CATEGORIES.join("; ")
     );
+    let fixed = FixedPart { message: 0, bytes: text.len() };
+    text.push_str(&format!("{user}\n"));
     if check == Check::Output {
         text.push_str(&format!("ASSISTANT: {reply}\n"));
     }
     text.push_str(COMPACT_END);
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
+        fixed,
         answer_prefix: "Safety:".into(),
         labels: vec![
             (" Safe".into(), Label::Safe),
@@ -298,9 +306,11 @@ fn llamaguard3(check: Check, user: &str, reply: &str) -> GuardPrompt {
     };
     let mut text = format!(
         "Task: Check if there is unsafe content in '{role}' messages in conversations according our safety policy with the below categories.\n\n\
-         <BEGIN UNSAFE CONTENT CATEGORIES>\n{}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUser: {user}\n\n",
+         <BEGIN UNSAFE CONTENT CATEGORIES>\n{}\n<END UNSAFE CONTENT CATEGORIES>\n\n<BEGIN CONVERSATION>\n\nUser: ",
         LLAMA_GUARD_CATEGORIES.join("\n")
     );
+    let fixed = FixedPart { message: 0, bytes: text.len() };
+    text.push_str(&format!("{user}\n\n"));
     if check == Check::Output {
         text.push_str(&format!("Agent: {reply}\n\n"));
     }
@@ -310,6 +320,7 @@ fn llamaguard3(check: Check, user: &str, reply: &str) -> GuardPrompt {
     ));
     GuardPrompt {
         messages: vec![ChatMessage::new("user", text)],
+        fixed,
         answer_prefix: String::new(),
         labels: vec![("safe".into(), Label::Safe), ("unsafe".into(), Label::Unsafe)],
     }
@@ -513,6 +524,23 @@ mod tests {
         let p = GuardFormat::Llamaguard3.prompt(Check::Input, "hi", "");
         assert_eq!(p.labels.len(), 2);
         assert!(p.messages[0].content.contains("S14"));
+    }
+
+    /// The fixed part (all a guard keeps on disk) ends where the user's text begins, in every
+    /// format and check, and holds none of it.
+    #[test]
+    fn the_fixed_part_ends_before_the_users_text() {
+        for format in [GuardFormat::Qwen3guard, GuardFormat::Llamaguard3, GuardFormat::Compact] {
+            for check in [Check::Input, Check::Output] {
+                let p = format.prompt(check, "zebra crossing", "a reply");
+                assert_eq!(p.fixed.message, 0);
+                let text = &p.messages[0].content;
+                assert!(text[p.fixed.bytes..].starts_with("zebra crossing"), "{format:?} {check:?}");
+                assert!(!text[..p.fixed.bytes].contains("zebra"));
+                let other = format.prompt(check, "other", "x");
+                assert_eq!(other.messages[0].content[..other.fixed.bytes], text[..p.fixed.bytes]);
+            }
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@ pub mod warm;
 pub use definition::{Pipeline, PipelineError, Plan, Registry, Stage};
 pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
 pub use kazeia_engine::api::{
-    ChatMessage, Classification, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm,
-    LlmError, PrefillRequest, Prefilled, Upto,
+    ChatMessage, Classification, ClassifyRequest, FixedPart, GenEvent, GenSummary, GenerateOptions, GenerateRequest,
+    Llm, LlmError, PrefillRequest, Prefilled, Upto,
 };
 pub use runner::{run_turn, Engines, Guard, TurnInput, Verdict};
 pub use session::Sessions;

@@ -156,6 +156,7 @@ impl Guard<'_> {
             labels: p.labels.iter().map(|(s, _)| s.clone()).collect(),
             reuse_cache,
             slot: check.slot(),
+            fixed: Some(p.fixed),
         };
         let c = llm
             .classify(req, cancel.clone())?

@@ -69,6 +69,7 @@ pub async fn warm(
         let reply = if whole && check == Check::Output { PREFILL_CUT.to_string() } else { String::new() };
         let p = engines.policy.format.prompt(check, &heard, &reply);
         let mut r = PrefillRequest::new(role.clone(), p.messages, check.slot());
+        r.fixed = Some(p.fixed);
         if whole && check == Check::Input {
             r.upto = Upto::Check { answer_prefix: p.answer_prefix };
         }

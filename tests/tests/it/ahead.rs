@@ -68,6 +68,7 @@ async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> C
         labels: p.labels.into_iter().map(|(s, _)| s).collect(),
         reuse_cache: true,
         slot: what.slot(),
+        fixed: Some(p.fixed),
     };
     engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
 }

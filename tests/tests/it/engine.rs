@@ -307,6 +307,7 @@ async fn classify_is_one_pass_cached_and_constrained() {
         labels: labels.iter().map(|s| s.to_string()).collect(),
         reuse_cache: true,
         slot,
+        fixed: None,
     };
     let run = |req: ClassifyRequest| {
         let rx = engine.classify(req, CancellationToken::new()).unwrap();
@@ -371,6 +372,7 @@ async fn slots_that_outgrow_their_shared_context_give_up_cells() {
         labels: vec![" Yes".into(), " No".into()],
         reuse_cache: true,
         slot,
+        fixed: None,
     };
     let run = |engine: &Engine, req: ClassifyRequest| {
         let rx = engine.classify(req, CancellationToken::new()).unwrap();
@@ -408,6 +410,7 @@ async fn a_check_whose_caller_left_stops() {
         labels: vec![" Yes".into(), " No".into()],
         reuse_cache: true,
         slot: 0,
+        fixed: None,
     };
     let pause = kazeia_engine::RolePause::take("gone", "nobody");
     drop(engine.classify(ask(), CancellationToken::new()).unwrap());
@@ -535,6 +538,7 @@ fn two_roles(a: &str, b: &str) -> (Engine, impl Fn(&str) -> kazeia_pipelines::Cl
         labels: vec![" Yes".into(), " No".into()],
         reuse_cache: true,
         slot: 0,
+        fixed: None,
     };
     (engine, check)
 }

@@ -1,6 +1,6 @@
 //! A guard's instructions and a Thinker's system prompt survive a restart
-//! (engine/src/prefix_file.rs): written once two slots share them (a one-slot role: once its
-//! fixed opening is prefilled), restored at the next load, and never trusted when missing,
+//! (engine/src/prefix_file.rs): written once prefilled (up to where the request says the fixed
+//! part ends; a one-slot role: its opening up to the user's text), restored at the next load, and never trusted when missing,
 //! stale, truncated or corrupt — each of those is a normal prefill with the same verdict as a
 //! cold context.
 
@@ -47,6 +47,7 @@ async fn check_with(engine: &Engine, instructions: &str, text: &str, slot: u32) 
         labels: vec![" Safe".into(), " Unsafe".into()],
         reuse_cache: true,
         slot,
+        fixed: Some(kazeia_pipelines::FixedPart { message: 1, bytes: 0 }),
     };
     engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
 }
@@ -102,10 +103,14 @@ async fn the_guards_prefix_survives_a_restart_and_bad_files_are_never_trusted() 
         let r = check(&load(Some(dir.path()), 2048), q, 0).await;
         assert_eq!(r.prefilled_tokens, r.prompt_tokens, "{what}: the file was used: {r:?}");
         same_verdict(&r, &cold, "");
-        assert!(!files[0].exists(), "{what}: a bad file is removed");
+        // Removed, and written again from this load (its first check prefilled the instructions).
+        let now = std::fs::read(&files[0]).ok();
+        assert!(now.as_ref() != Some(&bytes), "{what}: a bad file stays");
+        assert_eq!(now.map(|b| b.len()), Some(good.len()), "{what}: written again whole");
     }
     // Not a file one could have written: a FIFO (reading it blocked the role's thread for
     // good) and a sparse file larger than any state (read whole, it took the memory).
+    std::fs::remove_file(&files[0]).unwrap();
     let made = std::process::Command::new("mkfifo").arg(&files[0]).status().unwrap();
     assert!(made.success());
     // On a thread of its own: a role held by the FIFO would hold the test with it (an engine
@@ -177,6 +182,62 @@ async fn each_configuration_keeps_its_prefix_file_up_to_four_per_role() {
     assert!(!c.exists() && [&a, &d, &f].iter().all(|p| p.exists()), "{left:?}");
 }
 
+/// A write that fails leaves no unfinished file, and one a killed process left (its pid and a
+/// number after the key) goes at the role's next write once it is 10 minutes old; a younger
+/// one may be another process's write under way, and stays. (Neither was ever removed: up to
+/// a 512 MiB file per load.)
+#[tokio::test(flavor = "multi_thread")]
+async fn unfinished_prefix_files_do_not_pile_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = written(dir.path(), 2048).await;
+    let unfinished = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect()
+    };
+    // A directory where the file goes: the write's last step (its rename) fails.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let engine = load(Some(dir.path()), 2048);
+    check(&engine, "Is water wet?", 0).await;
+    drop(engine);
+    assert_eq!(unfinished(dir.path()), Vec::<String>::new());
+
+    std::fs::remove_dir(&path).unwrap();
+    let stale = std::path::PathBuf::from(format!("{}.4242-0.tmp", path.display()));
+    let young = std::path::PathBuf::from(format!("{}.4243-0.tmp", path.display()));
+    for p in [&stale, &young] {
+        std::fs::write(p, b"half a file").unwrap();
+    }
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::OpenOptions::new().append(true).open(&stale).unwrap().set_modified(hour_ago).unwrap();
+    assert_eq!(written(dir.path(), 2048).await, path);
+    assert!(!stale.exists() && young.exists(), "{:?}", unfinished(dir.path()));
+}
+
+/// The key is the model file as its weights were read: a file changed after the load (an
+/// update in place, a touch here) does not make the loaded weights' state the new file's. It
+/// was keyed by the file as it was at the write: the next load of the new file restored the
+/// old weights' state.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_file_changed_after_its_load_gets_none_of_its_state() {
+    let (dir, models) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let copy = models.path().join("guard.gguf");
+    std::fs::copy(smollm2(), &copy).unwrap();
+    let engine = load_file(&copy, Some(dir.path()), 2048);
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    std::fs::OpenOptions::new().append(true).open(&copy).unwrap().set_modified(later).unwrap();
+    check(&engine, "Is water wet?", 0).await;
+    let (written, _) = engine.info("guard").unwrap().prefix_file.expect("status names the file it wrote");
+    assert!(written.exists());
+    drop(engine);
+    let r = check(&load_file(&copy, Some(dir.path()), 2048), "What is the capital of France?", 0).await;
+    assert_eq!(r.prefilled_tokens, r.prompt_tokens, "the state of the weights before the change: {r:?}");
+}
+
 /// The key leaves out the instructions: a file written for others (an update that changed the
 /// guard's prompt) is restored, found to share little with the first check, and written again
 /// for the instructions in use, instead of being restored uselessly at every start.
@@ -201,19 +262,83 @@ async fn a_prefix_file_for_other_instructions_is_written_again() {
 }
 
 /// A hybrid guard (the tiny qwen35): its state cannot be cut back after the instructions, so
-/// the second check leaves a checkpoint where the two prompts part, and the third rewinds there
-/// instead of prefilling the instructions again — with the verdict of a cold context.
+/// the first check leaves a checkpoint where they end (the request says where), and the next
+/// ones rewind there instead of prefilling the instructions again — with the verdict of a cold
+/// context. (Before the request said so, the second check prefilled everything again.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hybrid_guard_prefills_its_instructions_once() {
     let file = kazeia_tests::qwen35_tiny();
     let guard = load_file(&file, None, 2048);
     let first = check(&guard, "Is water wet?", 0).await;
-    let second = check(&guard, "How do I bake bread?", 0).await;
-    assert_eq!(second.prefilled_tokens, second.prompt_tokens, "no checkpoint yet: {second:?}");
-    let third = check(&guard, "What is the capital of France?", 0).await;
-    assert!(third.prefilled_tokens * 2 < third.prompt_tokens, "the instructions again: {third:?} (first {first:?})");
-    let cold = check(&load_file(&file, None, 2048), "What is the capital of France?", 0).await;
-    same_verdict(&third, &cold, "");
+    assert_eq!(first.prefilled_tokens, first.prompt_tokens, "{first:?}");
+    for q in ["How do I bake bread?", "What is the capital of France?"] {
+        let next = check(&guard, q, 0).await;
+        assert!(next.prefilled_tokens * 2 < next.prompt_tokens, "the instructions again: {next:?} (first {first:?})");
+        let cold = check(&load_file(&file, None, 2048), q, 0).await;
+        same_verdict(&next, &cold, q);
+    }
+}
+
+/// The tokens a prefix file holds (after its 8-byte magic and 32-byte key).
+fn file_tokens(path: &std::path::Path) -> Vec<i32> {
+    let b = std::fs::read(path).unwrap();
+    let n = u32::from_le_bytes(b[40..44].try_into().unwrap()) as usize;
+    (0..n).map(|i| i32::from_le_bytes(b[44 + 4 * i..48 + 4 * i].try_into().unwrap())).collect()
+}
+
+/// A guard's prefix file keeps its instructions and nothing of what it checked. The guard's
+/// formats write the question inside the message that holds the instructions, and the input
+/// and output checks (two slots) share it: the file kept that shared prefix, so the first
+/// question after each load was written to disk. Two engines, each asked a different first
+/// question as a guarded turn asks it (input check, then the output check of a reply), write
+/// the same tokens; the next load restores them for a third question, with a cold verdict.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guards_prefix_file_holds_no_question() {
+    use kazeia_pipelines::guard::{Check, GuardFormat};
+    let turn = |engine: Engine, question: &'static str| async move {
+        for (check, reply) in [(Check::Input, ""), (Check::Output, "Here is what I know.")] {
+            let p = GuardFormat::Compact.prompt(check, question, reply);
+            let req = ClassifyRequest {
+                role: "guard".into(),
+                messages: p.messages,
+                answer_prefix: p.answer_prefix,
+                labels: p.labels.into_iter().map(|(s, _)| s).collect(),
+                reuse_cache: true,
+                slot: check.slot(),
+                fixed: Some(p.fixed),
+            };
+            engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+        }
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    turn(load(Some(a.path()), 2048), "Where do zebras sleep at night in the savanna?").await;
+    turn(load(Some(b.path()), 2048), "How do I fix a flat bicycle tyre?").await;
+    let (fa, fb) = (prefix_files(a.path()), prefix_files(b.path()));
+    assert_eq!((fa.len(), fb.len()), (1, 1));
+    let (ta, tb) = (file_tokens(&fa[0]), file_tokens(&fb[0]));
+    assert!(ta.len() > 100, "the instructions are kept: {} tokens", ta.len());
+    assert_eq!(ta, tb, "a file holds its first question's tokens");
+
+    let q = "Is it safe to swim after eating?";
+    let p = GuardFormat::Compact.prompt(Check::Input, q, "");
+    let ask = |engine: Engine| {
+        let p = p.clone();
+        async move {
+            let req = ClassifyRequest {
+                role: "guard".into(),
+                messages: p.messages,
+                answer_prefix: p.answer_prefix,
+                labels: p.labels.into_iter().map(|(s, _)| s).collect(),
+                reuse_cache: true,
+                slot: 0,
+                fixed: Some(p.fixed),
+            };
+            engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
+        }
+    };
+    let restored = ask(load(Some(a.path()), 2048)).await;
+    assert_eq!(restored.prompt_tokens - restored.prefilled_tokens, ta.len() as u32, "{restored:?}");
+    same_verdict(&restored, &ask(load(None, 2048)).await, q);
 }
 
 /// A one-slot Thinker with its prefix files in `dir` (None: no file).
