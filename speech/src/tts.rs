@@ -84,11 +84,14 @@ fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError
     Ok(out)
 }
 
-/// `text` as espeak-ng must get it: NUL ends its input, and `[[` starts phoneme input (on by
-/// default on its command line: `[[h@l'oU]]` was said "hello", so the voice said what the
-/// output guard had read as gibberish). Brackets are kept apart, read as the characters they are.
+/// `text` as espeak-ng must get it: NUL ends its input, a control character starts an
+/// embedded command (`\u{1}80S` doubled the rate of what followed, `\u{1}200A` the volume to
+/// near clipping: text the output guard reads with its controls left out), and `[[` starts
+/// phoneme input (on by default on its command line: `[[h@l'oU]]` was said "hello", so the voice
+/// said what the output guard had read as gibberish). Controls become spaces; brackets are kept
+/// apart, read as the characters they are.
 fn speakable(text: &str) -> String {
-    let mut s = text.replace('\0', " ");
+    let mut s: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     while s.contains("[[") || s.contains("]]") {
         s = s.replace("[[", "[ [").replace("]]", "] ]");
     }
@@ -128,7 +131,8 @@ fn each_clause(
         let mut ipa = String::new();
         if !c.is_empty() {
             let o = espeak(&["-q", "--ipa", "-v", voice], c)?;
-            ipa = String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+            let out = without_language_marks(&String::from_utf8_lossy(&o.stdout));
+            ipa = out.split_whitespace().collect::<Vec<_>>().join(" ");
         }
         if let Some(p) = punct {
             ipa.push(p);
@@ -139,8 +143,9 @@ fn each_clause(
         }
         each(ipa)
     };
-    for ch in text.chars() {
-        if ",.;:!?".contains(ch) {
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        if ",.;:!?".contains(ch) && ends_clause(chars.peek().copied()) {
             if !flush(&mut clause, Some(ch))? {
                 return Ok(());
             }
@@ -152,6 +157,38 @@ fn each_clause(
     Ok(())
 }
 
+/// Punctuation ends a clause where a space, a closing quote or bracket, or the end of the text
+/// follows it; inside a number or a name it is part of the word. Cut at every `.` and `,`,
+/// "3.14" was said "three. fourteen" and "1,000" "one, zero zero zero" (espeak-ng read each
+/// piece alone): the voice said another number than the output guard had read.
+fn ends_clause(next: Option<char>) -> bool {
+    next.is_none_or(|c| c.is_whitespace() || "\"'”’»)]".contains(c))
+}
+
+/// espeak-ng's IPA with its language switches left out: a voice given a word of another
+/// language writes `(en)njˈuː(de) jˈɔɾk`, and a Piper voice, whose symbols hold `(`, `)` and
+/// the letters, said "en" and "de" inside the words (Piper's own phonemizer drops them too).
+fn without_language_marks(ipa: &str) -> String {
+    let mut out = String::with_capacity(ipa.len());
+    let mut rest = ipa;
+    while let Some(open) = rest.find('(') {
+        let after = &rest[open + 1..];
+        let close = after.find(')').filter(|&n| (1..=12).contains(&n));
+        match close.filter(|&n| after[..n].chars().all(|c| c.is_ascii_alphabetic() || c == '-')) {
+            Some(n) => {
+                out.push_str(&rest[..open]);
+                rest = &after[n + 1..];
+            }
+            None => {
+                out.push_str(&rest[..open + 1]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Most phoneme ids Piper is given in one run (about 1.7 s of speech). Its working memory grows
 /// with the audio of a run, faster than linearly (measured, arena off: 128 ids 49 MiB over the
 /// loaded model, 256 ids 102 MiB, 512 ids 256 MiB; a 16-word sentence in one run peaked at
@@ -161,9 +198,11 @@ fn each_clause(
 pub const MAX_IDS_PER_RUN: usize = 128;
 
 /// One run per clause, an oversized clause split at its spaces into runs of at most `max`
-/// symbols (`cost` of each); a single word over the cap goes alone. A clause per run, not
-/// clauses packed up to the cap: each clause's audio can leave as soon as it exists ("Yes,"
-/// is heard while the rest of the sentence is synthesised).
+/// symbols (`cost` of each), a word over the cap cut between its characters. A clause per run,
+/// not clauses packed up to the cap: each clause's audio can leave as soon as it exists ("Yes,"
+/// is heard while the rest of the sentence is synthesised). A word alone went whole: 80
+/// syllables joined by hyphens (479 bytes, one unit for the output guard) made one run of ~3200
+/// ids, 25 times the cap the plan's TTS factor is measured at.
 fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<String> {
     let mut pieces: Vec<String> = Vec::new();
     for c in clauses {
@@ -172,7 +211,8 @@ fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<Str
             continue;
         }
         let mut cur = String::new();
-        for w in c.split(' ') {
+        let words: Vec<String> = c.split(' ').flat_map(|w| cut_word(w, max, &cost)).collect();
+        for w in &words {
             let candidate = if cur.is_empty() { w.to_string() } else { format!("{cur} {w}") };
             if !cur.is_empty() && cost(&candidate) > max {
                 pieces.push(std::mem::replace(&mut cur, w.to_string()));
@@ -185,6 +225,27 @@ fn runs(clauses: &[String], max: usize, cost: impl Fn(&str) -> usize) -> Vec<Str
         }
     }
     pieces
+}
+
+/// `word` whole if it fits `max`, else in pieces that do (as many characters as fit each; a
+/// character alone always goes).
+fn cut_word(word: &str, max: usize, cost: &impl Fn(&str) -> usize) -> Vec<String> {
+    if cost(word) <= max {
+        return vec![word.to_string()];
+    }
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for ch in word.chars() {
+        cur.push(ch);
+        if cost(&cur) > max && cur.chars().nth(1).is_some() {
+            cur.pop();
+            out.push(std::mem::replace(&mut cur, ch.to_string()));
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
 }
 
 /// The voice's graph: whole, or split by `tools/piper-split` into the front (text encoder,
@@ -501,7 +562,41 @@ mod tests {
         assert_eq!(r.join(" "), clauses.join(" "));
         let r = super::runs(&["a,".to_string(), "b,".into(), "c".into()], 10, str::len);
         assert_eq!(r, ["a,", "b,", "c"]);
-        assert_eq!(super::runs(&["toolongword".to_string()], 4, str::len), ["toolongword"]);
+        // A word over the cap is cut between its characters, nothing lost.
+        assert_eq!(super::runs(&["toolongword".to_string()], 4, str::len), ["tool", "ongw", "ord"]);
+        assert_eq!(super::runs(&["ab toolongword c".to_string()], 4, str::len), ["ab", "tool", "ongw", "ord", "c"]);
+        let ipa = super::phonemize(&"bcdfg-".repeat(80), "en-us").unwrap();
+        let ids = |p: &str| 3 + 2 * p.chars().count();
+        let r = super::runs(std::slice::from_ref(&ipa), super::MAX_IDS_PER_RUN, ids);
+        assert!(r.len() > 10 && r.iter().all(|p| ids(p) <= super::MAX_IDS_PER_RUN), "{r:?}");
+        assert_eq!(r.concat().replace(' ', ""), ipa.replace(' ', ""));
+    }
+
+    /// Numbers, names and abbreviations are said whole: punctuation cuts a clause only before a
+    /// space, a closing mark or the end (cut at every `.` and `,`, "3.14" was "three. fourteen").
+    #[test]
+    fn punctuation_inside_a_word_is_no_clause() {
+        let pi = super::phonemize_clauses("Pi is 3.14 today.", "en-us").unwrap();
+        assert_eq!(pi.len(), 1, "{pi:?}");
+        assert_eq!(pi[0], super::phonemize_clauses("Pi is 3.14 today", "en-us").unwrap()[0].clone() + ".");
+        let thousand = super::phonemize("1,000 people", "en-us").unwrap();
+        assert!(!thousand.contains(','), "{thousand:?}");
+        assert_eq!(thousand, super::phonemize("1000 people", "en-us").unwrap());
+        let quoted = super::phonemize_clauses("He said \"yes.\" Then left", "en-us").unwrap();
+        assert_eq!(quoted.len(), 2, "{quoted:?}");
+        for end in [None, Some(' '), Some('"'), Some(')')] {
+            assert!(super::ends_clause(end), "{end:?}");
+        }
+        assert!(!super::ends_clause(Some('1')) && !super::ends_clause(Some('c')));
+    }
+
+    /// espeak-ng's language switches are not phonemes for the voice.
+    #[test]
+    fn language_switches_are_left_out() {
+        assert_eq!(super::without_language_marks("(en)njˈuː(de) jˈɔɾk"), "njˈuː jˈɔɾk");
+        assert_eq!(super::without_language_marks("a (b c) (x1) ("), "a (b c) (x1) (");
+        let ipa = super::phonemize("Ich liebe New York und das Wetter", "de").unwrap();
+        assert!(!ipa.contains("(en)") && !ipa.contains("(de)") && !ipa.is_empty(), "{ipa:?}");
     }
 
     /// The vocoder's pieces cover every frame once, in order, the first short, each next twice
@@ -554,6 +649,19 @@ mod tests {
             assert!(ipa.len() > hello.len(), "{text:?}: {ipa:?}");
         }
         assert_eq!(super::speakable("a [[b]] c\0"), "a [ [b] ] c ");
+    }
+
+    /// Control characters are not espeak-ng's embedded commands: said as spaces (`\u{1}80S`
+    /// doubled the rate of what followed, so the audio of a sentence was half as long).
+    #[test]
+    fn control_characters_are_no_commands() {
+        use super::Voice;
+        assert_eq!(super::speakable("a\u{1}80S b\u{7}\u{1b}c"), "a 80S b  c");
+        let mut voice = super::Espeak { voice: "en-us".into() };
+        let text = "hello, this sentence is spoken at its usual pace";
+        let plain = voice.synthesize(&format!("{text} 80S")).unwrap().len() as f64;
+        let fast = voice.synthesize(&format!("\u{1}80S {text}")).unwrap().len() as f64;
+        assert!((fast / plain - 1.0).abs() < 0.15, "{fast} samples against {plain}");
     }
 
     /// Text that looks like options is spoken, not obeyed.
