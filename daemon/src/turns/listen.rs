@@ -340,6 +340,11 @@ fn listen(
     // No frame for `audio_idle`: the client stalled (see `SpeechConfig::audio_idle`).
     let stalled = |r: &Ring| r.arrived.lock().unwrap_or_else(|p| p.into_inner()).at.elapsed() >= s.audio_idle;
     let most = vad::samples(s.max_utterance);
+    // Audio that comes slower than it plays (one sample a second: never `audio_idle`, and
+    // `max_utterance` of samples in days) held the turn and its roles' leases for as long: past
+    // this much wall time the stream ends as at `last`.
+    let listening = Instant::now();
+    let overdue = || listening.elapsed() >= s.max_utterance.saturating_add(s.audio_idle);
     // The utterance reached `max_utterance`: the user may still be speaking, which is not a
     // barge-in on the reply to what they said (it would cancel every such turn's reply).
     let mut capped = false;
@@ -580,11 +585,22 @@ fn listen(
                     return;
                 }
             }
-        } else if ended(&ring) || stalled(&ring) {
+        } else if ended(&ring) || stalled(&ring) || overdue() {
             // The client said `last`, or sent nothing for `audio_idle`: what is left is the
             // utterance (a stall before any speech: `no_speech`).
             if !ended(&ring) {
-                tracing::info!(seconds = s.audio_idle.as_secs_f64(), "no audio frame for `audio_idle`: the turn ends");
+                if stalled(&ring) {
+                    tracing::info!(
+                        seconds = s.audio_idle.as_secs_f64(),
+                        "no audio frame for `audio_idle`: the turn ends"
+                    );
+                } else {
+                    tracing::info!(
+                        seconds = listening.elapsed().as_secs_f64(),
+                        heard_seconds = pos as f64 / 16_000.0,
+                        "the audio comes slower than it plays (`max_utterance` + `audio_idle` of wall time): the turn ends"
+                    );
+                }
             }
             let mut rest = vec![0f32; ring.consumer.occupied_len()];
             ring.consumer.pop_slice(&mut rest);

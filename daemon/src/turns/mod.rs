@@ -284,7 +284,15 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let mut spoken = None;
     if let Some(s) = speaker {
         match s.finish().await {
-            Ok(s) => spoken = Some(s),
+            Ok(s) => {
+                // Barge-in (or a cancel) after the Thinker had finished: the reply's last
+                // sentences were not spoken, and it did not end as written (PROTOCOL: `done`,
+                // `cancelled`; it said `eos`).
+                if let (false, Event::Done { stop, .. }) = (s.finished, &mut last) {
+                    *stop = StopReason::Cancelled;
+                }
+                spoken = Some(s)
+            }
             Err(e) if matches!(last, Event::Done { .. }) => last = error(e.code(), e.to_string()),
             Err(e) => tracing::warn!("TTS failed after the turn had failed: {e}"),
         }

@@ -563,10 +563,11 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
     // The rest of the sentence, still in the ring, is not a barge-in on the turn.
     let end = to_the_end(&mut rx).await;
     assert!(matches!(end, Event::Done { stop, .. } if stop != StopReason::Cancelled), "{end:?}");
-    // Empty frames are no audio (they kept the turn past `audio_idle` for good), and a stream
-    // of silence as long as an utterance may last is no speech: each ends the turn while the
-    // client goes on sending.
-    for (what, samples) in [("empty frames", vec![]), ("silence", vec![0.0; 1_600])] {
+    // Empty frames are no audio (they kept the turn past `audio_idle` for good), a stream of
+    // silence as long as an utterance may last is no speech, and so is a trickle of one sample
+    // a frame (`max_utterance` of it would take 27 minutes): each ends the turn while the client
+    // goes on sending.
+    for (what, samples) in [("empty frames", vec![]), ("silence", vec![0.0; 1_600]), ("a trickle", vec![0.0; 1])] {
         let (id, mut rx) = start(&c, "transcribe").await;
         send_audio(&c, &id, &vec![0.0; 8_000], false).await;
         let end = streaming_until_the_end(&c, &id, &mut rx, &samples).await;
