@@ -547,6 +547,8 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
     let (id, mut rx) = start(&c, "transcribe").await;
     send_audio(&c, &id, &vec![0.0; 8_000], false).await;
     assert_eq!(final_transcript(&mut rx).await, Err(kazeia_ipc::ErrorCode::NoSpeech));
+    // Ended by the stall (`audio_idle`), not later by the wall-time bound below.
+    assert!(d.log().contains("no audio frame for `audio_idle`"), "{}", d.log());
     // The start of the sentence, under `max_utterance`, then nothing: heard up to there.
     let report = spoken(REPORT);
     let (id, mut rx) = start(&c, "transcribe").await;
@@ -576,6 +578,7 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
             "{what}: {end:?}"
         );
     }
+    assert!(d.log().contains("slower than it plays"), "{}", d.log());
     // Every turn has ended: none holds its roles.
     let st = c.status().await.unwrap();
     assert_eq!(st.turns_running, 0, "{st:?}");
