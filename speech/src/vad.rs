@@ -85,6 +85,9 @@ pub struct Vad {
     /// The utterance's loudest chunk (RMS), and the last chunks' RMS, newest last.
     peak: f32,
     levels: [f32; QUIET_BACK],
+    /// Samples of the chunks at or over the threshold, and with sound in them (RMS at least
+    /// `QUIET` of the loudest), since the utterance began.
+    voiced: usize,
     pub placement: Placement,
 }
 
@@ -128,6 +131,7 @@ impl Vad {
             heard_until: 0,
             peak: 0.0,
             levels: [0.0; QUIET_BACK],
+            voiced: 0,
             placement,
         })
     }
@@ -142,6 +146,14 @@ impl Vad {
         self.heard_until = 0;
         self.peak = 0.0;
         self.levels = [0.0; QUIET_BACK];
+        self.voiced = 0;
+    }
+
+    /// Samples of speech in the utterance going on (chunks at or over the threshold with sound
+    /// in them: Silero's probability stays high for up to 4 chunks of silence after a sound,
+    /// which are not counted); 0 when none is. A cough or a click is a chunk or three.
+    pub fn voiced(&self) -> usize {
+        self.voiced
     }
 
     /// Inside an utterance (speech began and its silence has not yet ended it).
@@ -208,6 +220,7 @@ impl Vad {
                 self.silence_since = None;
                 self.off_at = None;
                 self.peak = level;
+                self.voiced = CHUNK;
                 Ok(Some(VadEvent::SpeechStart(at)))
             }
             None => Ok(None),
@@ -216,6 +229,9 @@ impl Vad {
                 if on {
                     self.silence_since = None;
                     self.off_at = None;
+                    if level >= QUIET * self.peak {
+                        self.voiced += CHUNK;
+                    }
                 } else if off && self.silence_since.is_none() {
                     // The silence began with the quiet chunks just before this one, if any.
                     let quiet = self.params.quiet * self.peak;
@@ -229,6 +245,7 @@ impl Vad {
                         self.speech_start = None;
                         self.silence_since = None;
                         self.off_at = None;
+                        self.voiced = 0;
                         if off_at - start < samples(self.params.min_speech) {
                             return Ok(None);
                         }

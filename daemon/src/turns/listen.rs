@@ -36,6 +36,11 @@ use crate::supervisor::Supervisor;
 /// 20 s of 16 kHz audio in flight between the socket and the speech task.
 const RING: usize = 20 * 16_000;
 
+/// Speech heard during the reply that stops it (barge-in): 192 ms, six VAD chunks with sound
+/// in them, near Pipecat's default (0.2 s of speech before the user is taken to speak). On the
+/// first chunk the VAD called speech, a cough, a click or a door stopped every reply it fell in.
+const BARGE_IN: Duration = Duration::from_millis(192);
+
 /// What the turn learns from the speech task: at most one `Transcript` or `Failed`, last;
 /// before it, any number of `Early`, each followed by `Resumed` unless it is the last.
 pub enum Heard {
@@ -341,10 +346,15 @@ fn listen(
     let stalled = |r: &Ring| r.arrived.lock().unwrap_or_else(|p| p.into_inner()).at.elapsed() >= s.audio_idle;
     let most = vad::samples(s.max_utterance);
     // Audio that comes slower than it plays (one sample a second: never `audio_idle`, and
-    // `max_utterance` of samples in days) held the turn and its roles' leases for as long: past
-    // this much wall time the stream ends as at `last`.
+    // `max_utterance` of samples in days) held the turn and its roles' leases for as long: once
+    // the audio that came is `audio_idle` behind the wall clock, the stream ends as at `last`.
+    // (A bound on the wall time alone would cut a real-time stream's long utterance after a
+    // long silence.)
     let listening = Instant::now();
-    let overdue = || listening.elapsed() >= s.max_utterance.saturating_add(s.audio_idle);
+    let overdue = |r: &Ring| {
+        let came = r.arrived.lock().unwrap_or_else(|p| p.into_inner()).samples;
+        listening.elapsed() >= Duration::from_secs_f64(came as f64 / 16_000.0).saturating_add(s.audio_idle)
+    };
     // The utterance reached `max_utterance`: the user may still be speaking, which is not a
     // barge-in on the reply to what they said (it would cancel every such turn's reply).
     let mut capped = false;
@@ -585,20 +595,22 @@ fn listen(
                     return;
                 }
             }
-        } else if ended(&ring) || stalled(&ring) || overdue() {
+        } else if ended(&ring) || stalled(&ring) || overdue(&ring) {
             // The client said `last`, or sent nothing for `audio_idle`: what is left is the
             // utterance (a stall before any speech: `no_speech`).
             if !ended(&ring) {
-                if stalled(&ring) {
-                    tracing::info!(
-                        seconds = s.audio_idle.as_secs_f64(),
-                        "no audio frame for `audio_idle`: the turn ends"
-                    );
-                } else {
+                // The lag first: a stall makes it grow too, later (the stall's own bound ends it
+                // first, unless that bound were gone).
+                if overdue(&ring) {
                     tracing::info!(
                         seconds = listening.elapsed().as_secs_f64(),
                         heard_seconds = pos as f64 / 16_000.0,
-                        "the audio comes slower than it plays (`max_utterance` + `audio_idle` of wall time): the turn ends"
+                        "the audio comes slower than it plays (`audio_idle` behind the wall clock): the turn ends"
+                    );
+                } else {
+                    tracing::info!(
+                        seconds = s.audio_idle.as_secs_f64(),
+                        "no audio frame for `audio_idle`: the turn ends"
                     );
                 }
             }
@@ -668,6 +680,9 @@ fn listen(
                 continue;
             }
             if let Ok(Some(VadEvent::SpeechStart(_))) = vad.push(&chunk) {
+                tracing::info!("sound during the reply: a barge-in once it is 192 ms of speech");
+            }
+            if vad.voiced() >= vad::samples(BARGE_IN) {
                 tracing::info!("barge-in: the user spoke during the reply; stopping it");
                 turn.cancel();
             }
