@@ -228,7 +228,7 @@ pub struct DaemonConfig {
     pub max_connections_per_uid: u32,
     /// Turns one uid may have running at once (more: `too_many_turns`).
     pub max_turns_per_uid: u32,
-    /// Keep each role's shared prefix (a guard's instructions) in a file under `prefix_dir`, so
+    /// Keep each role's fixed opening (a guard's instructions) in a file under `prefix_dir`, so
     /// that the first check after a load or a restart does not prefill it again (default on).
     pub prefix_cache: bool,
     /// Default: the user's cache directory's `kazeia/prefix`.

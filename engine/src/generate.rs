@@ -43,10 +43,11 @@ use crate::think::{self, Piece, ThinkFilter};
 /// The tokens whose KV the context holds, per sequence (cache slot), in order; and per
 /// sequence its checkpoints (hybrid models): the recurrent state after its first `pos` tokens,
 /// where a later prompt that differs beyond `pos` can rewind to (the state cannot be cut back
-/// otherwise). Taken at the end of a one-slot role's fixed opening, where a reasoning turn's
-/// conversation ended (the next turn's prompt re-renders the answer, and differs from the
-/// sampled tokens as often as not), and where a prompt departed from the one before (a guard's
-/// next check after its instructions). At most the role's `checkpoints` per sequence.
+/// otherwise). Taken at the end of a role's fixed opening (a one-slot role's system prompt, a
+/// guard's instructions: `FixedPart`), where a reasoning turn's conversation ended (the next
+/// turn's prompt re-renders the answer, and differs from the sampled tokens as often as not),
+/// and where a prompt departed from the one before (a guard's next check after its
+/// instructions). At most the role's `checkpoints` per sequence.
 #[derive(Default)]
 pub struct Cache {
     seqs: Vec<Vec<LlamaToken>>,
@@ -277,8 +278,8 @@ impl Run<'_, '_> {
         if let Some(m) = mark.filter(|&m| m >= 16 && m > keep && m < tokens.len()) {
             ends.insert(0, m);
         }
-        // The end of a one-slot role's fixed opening: the sequence holds exactly it there, which
-        // is what its prefix file keeps (and, on a hybrid model, a checkpoint to rewind to).
+        // The end of the role's fixed opening: the sequence holds exactly it there, which is what
+        // its prefix file keeps (and, on a hybrid model, a checkpoint to rewind to).
         if let Some(k) = keep_at.filter(|&k| k > keep && k < tokens.len() && !ends.contains(&k)) {
             ends.push(k);
             ends.sort_unstable();
@@ -950,8 +951,11 @@ fn prefill_ahead(
     // A hybrid model keeps its state where the turn's own text begins (after the history and
     // the last message's header), once per turn: the final transcript, or a later partial, that
     // departs anywhere in the words heard rewinds there, not to the turn's start or further
-    // (with 2 checkpoints, one per partial evicted it by the second partial).
-    if run.model.recurrent_state() {
+    // (with 2 checkpoints, one per partial evicted it by the second partial). Not a guard's (a
+    // request with a fixed part): its text begins inside the message that holds its
+    // instructions, so that point is the message's header, before them; kept, it evicted the
+    // checkpoint at the instructions' end, and every later check prefilled them again.
+    if run.model.recurrent_state() && request.fixed.is_none() {
         let text_at = text_start(run, messages, &tokens).filter(|&u| u < tokens.len());
         let seq = run.seq as usize;
         if let Some(u) = text_at.filter(|&u| !run.cache.checkpoints(seq).iter().any(|c| c.pos == u)) {

@@ -82,8 +82,8 @@ pub struct RoleParams {
     /// knows: ChatML, Llama 3, Gemma…).
     pub chat_template: Option<String>,
     pub flash_attn: FlashAttn,
-    /// Keep the prefix two cache slots share (a guard's instructions) in a file here, restored
-    /// at load (see `prefix_file`). None: no file.
+    /// Keep the role's fixed opening (a guard's instructions, a Thinker's system prompt) in a
+    /// file here, restored at load (see `prefix_file`). None: no file.
     pub prefix_dir: Option<std::path::PathBuf>,
     /// KV cache element types.
     pub type_k: kazeia_memory_budget::KvType,

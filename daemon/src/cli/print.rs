@@ -213,7 +213,7 @@ pub fn status(s: &kazeia_ipc::StatusReport) {
         }
         if let Some(b) = m.prefix_file_bytes {
             outln!(
-                "{:<10} {:<9} {:<6} {:>9} {:>5}  keeps its shared prefix in a {:.1} MiB file",
+                "{:<10} {:<9} {:<6} {:>9} {:>5}  keeps its fixed opening in a {:.1} MiB file",
                 "",
                 "",
                 "",

@@ -78,8 +78,9 @@ impl SpeechStack {
         // The voices of the languages a reply may be in load with the stack, while the user is
         // still speaking: loaded on first use, a Piper voice's load (~1.5 s here) fell between
         // the end of their question and the first sound of the answer.
+        // Within the stack's own measurement (a voice's would make it another load beside it).
         for lang in preloaded_voices(&c.speech) {
-            stack.voice(sup, &lang)?;
+            stack.voice_with(sup, &lang, false)?;
         }
         Ok(stack)
     }
@@ -157,13 +158,19 @@ impl SpeechStack {
     /// loaded uncounted, a Piper voice (its file x 3.6) sat in bytes the ledger let a language
     /// model take.
     fn voice(&self, sup: &Supervisor, language: &str) -> Result<SharedVoice, SpeechError> {
+        self.voice_with(sup, language, true)
+    }
+
+    /// [`SpeechStack::voice`]; `metered`: the load counts as a change of the process's memory
+    /// for the load meter (not while the stack loads: it measures its voices with it).
+    fn voice_with(&self, sup: &Supervisor, language: &str, metered: bool) -> Result<SharedVoice, SpeechError> {
         if let Some(v) = self.voices.lock().expect("voices").get(language) {
             return Ok(v.clone());
         }
         let own = !preloaded_voices(&sup.config.speech).iter().any(|l| l == language);
         let reserved = own && sup.reserve_voice(language)?;
         // Not measured (the stack's figure is), but a load beside it must not count it.
-        let loading = sup.meter.begin();
+        let loading = metered.then(|| sup.meter.begin());
         let loaded = match crate::speech::voice_for(&sup.config, language) {
             Ok(v) => Arc::new(Mutex::new(v)),
             Err(e) => {
@@ -350,7 +357,7 @@ impl Supervisor {
     /// holds the stack (its memory would not be freed).
     pub fn unload_speech(&self, role: &SpeechRole) -> Result<bool, String> {
         // Loads wait meanwhile: the ledger entry goes with the stack, never after a reload.
-        let _loading = self.speech_loading.lock().expect("speech loading");
+        let loading = self.speech_loading.lock().expect("speech loading");
         let taken = {
             let mut slot = self.speech.lock().expect("speech");
             match (role, slot.as_ref()) {
@@ -374,12 +381,16 @@ impl Supervisor {
             }
         };
         self.free_speech(taken);
+        // Heard of once the lock is let go: a subscriber reading status at once saw it held
+        // with no stack, `loading`, and nothing after said otherwise.
+        drop(loading);
+        let _ = self.changes.send(());
         Ok(true)
     }
 
     /// The end of an unload or a shed, `speech_loading` held by the caller: the stack taken from
     /// its slot is freed (ONNX sessions, here, outside the status lock; the heap trimmed) before
-    /// the ledger lets its bytes go.
+    /// the ledger lets its bytes go. The caller tells subscribers once it lets the lock go.
     fn free_speech(&self, taken: Option<Arc<SpeechStack>>) {
         let changing = self.meter.begin();
         drop(taken);
@@ -392,7 +403,6 @@ impl Supervisor {
         }
         drop(ledger);
         self.speech_freeing.store(false, std::sync::atomic::Ordering::SeqCst);
-        let _ = self.changes.send(());
     }
 
     /// Under memory pressure: unload the speech models if no audio turn (nor the preload's
@@ -402,7 +412,7 @@ impl Supervisor {
     /// shed; the next audio turn loads them again. Blocking (ONNX sessions freed, the heap
     /// trimmed): call it off the async workers. Whether they were unloaded.
     pub(super) fn shed_speech(&self, now: std::time::Instant) -> bool {
-        let Ok(_loading) = self.speech_loading.try_lock() else { return false };
+        let Ok(loading) = self.speech_loading.try_lock() else { return false };
         let taken = {
             // Claims are counted before a turn takes the stack from this slot: read under its
             // lock, none means no turn holds the stack or will take this one.
@@ -420,6 +430,10 @@ impl Supervisor {
             return false;
         }
         self.free_speech(taken);
+        // Heard of once the lock is let go: a subscriber reading status at once saw it held
+        // with no stack, `loading`, and nothing after said otherwise.
+        drop(loading);
+        let _ = self.changes.send(());
         true
     }
 
