@@ -145,8 +145,9 @@ impl Engine {
         Ok(self.info(&cfg.role).expect("role was just loaded"))
     }
 
-    /// Unload a role: its thread finishes the running request, then its context is freed; the
-    /// model goes when no other role uses it. Returns false when the role was not loaded.
+    /// Unload a role: its thread finishes the running request (those queued behind it are
+    /// answered `no_model`), then its context is freed; the model goes when no other role uses
+    /// it. Returns false when the role was not loaded.
     pub fn unload(&self, role: &str) -> bool {
         let removed = self.inner.roles.lock().unwrap_or_else(|p| p.into_inner()).remove(role);
         let Some(removed) = removed else { return false };

@@ -2,7 +2,7 @@
 //! model) and serves requests from a bounded queue, one at a time.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -34,6 +34,8 @@ pub struct Worker {
     generated: Arc<AtomicU64>,
     /// Why the role stopped serving (a panic on its thread), if it did.
     failed: Arc<Mutex<Option<String>>>,
+    /// The role is being unloaded: queued jobs are answered, not run.
+    closing: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -51,7 +53,13 @@ impl Worker {
         let pending = Arc::new(AtomicUsize::new(0));
         let generated = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(Mutex::new(None));
-        let counters = Counters { pending: pending.clone(), generated: generated.clone(), failed: failed.clone() };
+        let closing = Arc::new(AtomicBool::new(false));
+        let counters = Counters {
+            pending: pending.clone(),
+            generated: generated.clone(),
+            failed: failed.clone(),
+            closing: closing.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name(format!("llm-{role}"))
             .spawn(move || run(cfg, model, rx, ready_tx, counters, compute))
@@ -64,6 +72,7 @@ impl Worker {
                 pending,
                 generated,
                 failed,
+                closing,
                 thread: Some(thread),
             }),
             Ok(Err(e)) => {
@@ -115,10 +124,15 @@ struct Counters {
     pending: Arc<AtomicUsize>,
     generated: Arc<AtomicU64>,
     failed: Arc<Mutex<Option<String>>>,
+    closing: Arc<AtomicBool>,
 }
 
 impl Drop for Worker {
+    /// The running request finishes; the ones queued behind it are answered `no_model` (a
+    /// closed channel still delivers what it buffered: an unload ran every queued job in full,
+    /// up to the queue's capacity of whole generations, before the role let go).
     fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
         drop(self.queue.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -205,9 +219,18 @@ fn run(
     // `no_model` for every request, never unloaded by keep-alive.
     while let Ok(msg) = rx.recv() {
         let failed = counters.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(why) = failed {
-            let e =
-                LlmError::new(ErrorCode::Engine, format!("role {:?} failed ({why}); it reloads on next use", cfg.role));
+        let refused = match failed {
+            Some(why) => Some(LlmError::new(
+                ErrorCode::Engine,
+                format!("role {:?} failed ({why}); it reloads on next use", cfg.role),
+            )),
+            None if counters.closing.load(Ordering::SeqCst) => Some(LlmError::new(
+                ErrorCode::NoModel,
+                format!("role {:?} was unloaded before this request ran", cfg.role),
+            )),
+            None => None,
+        };
+        if let Some(e) = refused {
             match msg {
                 Msg::Generate(job) => {
                     let _ = job.events.send(GenEvent::Finished(Err(e)));

@@ -610,3 +610,42 @@ async fn two_turns_with_swapped_roles_do_not_hold_each_other_s_check() {
         assert!(v.ms < MAX_HOLD.as_secs_f64() * 1e3, "the two checks held each other: {va:?} {vb:?}");
     }
 }
+
+/// An unload lets the running request finish and answers the ones queued behind it
+/// (`no_model`) instead of running each of them in full first (a closed queue still delivers
+/// what it holds: three queued 200-token generations all ran before the role let go).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unload_answers_the_queued_requests_instead_of_running_them() {
+    let engine = Engine::new().with_queue_capacity(4);
+    load(&engine, &model_toml("unloaded", &smollm2(), "n_ctx = 1024"), "unloaded").unwrap();
+    let opts = GenerateOptions { max_tokens: Some(200), ignore_eos: true, ..Default::default() };
+    let rxs: Vec<_> = (0..3)
+        .map(|i| {
+            engine
+                .generate(
+                    req("unloaded", &format!("Tell me a story, number {i}."), opts.clone()),
+                    CancellationToken::new(),
+                )
+                .unwrap()
+        })
+        .collect();
+    let e = engine.clone();
+    let unloaded = tokio::task::spawn_blocking(move || e.unload("unloaded"));
+    let mut ran = 0;
+    let mut refused = 0;
+    for rx in rxs {
+        match collect_result(rx).await.1 {
+            Ok(s) => {
+                assert_eq!(s.metrics.generated_tokens, 200);
+                ran += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::NoModel, "{e:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(unloaded.await.unwrap());
+    // The first was running (or not yet taken) when the unload came: the two behind it never ran.
+    assert!(ran <= 1 && refused >= 2, "ran {ran}, refused {refused}");
+}
