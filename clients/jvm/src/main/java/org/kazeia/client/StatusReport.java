@@ -32,8 +32,9 @@ public record StatusReport(
      * {@code sharesModelWith}: the roles naming the same file (loaded once; empty when none).
      * {@code reservedBytes}: what a loaded role holds against the status' {@code budgetBytes} (an
      * estimate; a shared file counts once); {@code measuredBytes}: the RSS growth measured when it
-     * loaded (may be negative). {@code prefixFileBytes}: loaded roles, once written: the size of
-     * the file keeping the role's fixed prefix across loads and restarts. Each is null when the
+     * loaded (may be negative; null when another load or an unload ran meanwhile: the process has
+     * one RSS). {@code prefixFileBytes}: loaded roles, once written: the size of the file keeping
+     * the role's fixed prefix (never a user's words) across loads and restarts. Each is null when the
      * daemon does not give it, except {@code sharesModelWith}: an empty list then.
      */
     public record Model(String role, String state, String file, String device, String placement, long busy,
