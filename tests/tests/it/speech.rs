@@ -246,6 +246,44 @@ fn a_pause_starts_where_the_sound_ends() {
     assert!(found.contains(&0) && found.contains(&1), "the cuts straddle min_speech: {found:?}");
 }
 
+/// Barge-in counts speech with sound in it (`Vad::voiced`): the chunks of silence after a word
+/// that Silero still calls speech are not counted, so a short sound stays short. Two French
+/// questions at four offsets within a chunk: what is counted never passes the chunks the sound
+/// spans, though the model calls speech after it (at least once here; else this proves nothing).
+#[test]
+fn voiced_speech_is_the_sound_not_the_models_lag() {
+    use kazeia_daemon::speech::vad::{Vad, VadParams, CHUNK};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cfg();
+    let mut voice = voice_for(&c, "fr").unwrap();
+    let path = c.cache_path(&c.speech.vad);
+    let load = || Vad::load(&path, kazeia_memory_budget::Backend::Cpu, VadParams::default()).unwrap();
+    let mut lagged = 0;
+    for text in ["Quelle est la capitale de l'Italie ?", "Peux-tu me donner une idée de dîner rapide ?"] {
+        let said = speak(voice.as_mut(), text);
+        let onset = said.iter().position(|x| x.abs() > 0.01).unwrap();
+        let tail = said.iter().rposition(|x| x.abs() > 0.01).unwrap() + 1;
+        for lead in [0, 128, 256, 384] {
+            let mut rec = vec![0.0; CHUNK + lead];
+            rec.extend(&said[onset..tail]);
+            let (first, last) = ((CHUNK + lead) / CHUNK, (rec.len() - 1) / CHUNK);
+            rec.extend(silence(1.0));
+            // The same model beside it, for its probability of each chunk.
+            let (mut vad, mut model) = (load(), load());
+            let mut most = 0;
+            for (i, chunk) in rec.chunks_exact(CHUNK).enumerate() {
+                vad.push(chunk).unwrap();
+                most = most.max(vad.voiced());
+                let p = model.probability(chunk).unwrap();
+                lagged += usize::from(i > last && p >= VadParams::default().threshold);
+            }
+            let spans = (last - first + 1) * CHUNK;
+            assert!(most > 0 && most <= spans, "{text:?} +{lead}: {most} voiced samples, the sound spans {spans}");
+        }
+    }
+    assert!(lagged > 0, "the model never called a chunk of silence speech: nothing was tested");
+}
+
 #[test]
 fn audio_over_30_seconds_is_cut_at_pauses() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
