@@ -36,6 +36,13 @@ public final class Client implements AutoCloseable {
     private final CompletableFuture<Welcome> handshake = new CompletableFuture<>();
     private final Thread reader;
     private volatile Welcome welcome;
+    /** Why the connection ends, set once when it begins to end (no request is taken after). */
+    private volatile KazeiaException closing;
+    /**
+     * Why it ended, set once the {@code onClosed} listener has been told: {@link #isOpen} read
+     * false before the listener ran, and a caller that waited for it found the listener not yet
+     * called (the JVM test of a daemon dropping the connection failed that way, once).
+     */
     private volatile KazeiaException closedBy;
     /** The last connection-level error: when the daemon then closes, it is the reason. */
     private volatile Event.Error lastConnectionError;
@@ -248,8 +255,8 @@ public final class Client implements AutoCloseable {
     /** Register a route under {@code id}, then send its request frame. */
     void open(String id, Route route, byte[] frame) {
         synchronized (routes) {
-            if (closedBy != null) {
-                throw closedBy.forRequest(id);
+            if (closing != null) {
+                throw closing.forRequest(id);
             }
             if (routes.putIfAbsent(id, route) != null) {
                 throw new KazeiaException(ErrorCode.DUPLICATE_ID, "request " + id + " is already open on this client", id, null);
@@ -323,7 +330,7 @@ public final class Client implements AutoCloseable {
     /** Write one whole frame, refusing it here when it is over the daemon's max_frame. */
     void send(byte[] frame) {
         checkLength(frame.length - 4L);
-        KazeiaException c = closedBy;
+        KazeiaException c = closing;
         if (c != null) {
             throw new KazeiaException(c.code(), c.messageOnly());
         }
@@ -333,7 +340,7 @@ public final class Client implements AutoCloseable {
             }
         } catch (IOException e) {
             shutdown(new KazeiaException(ErrorCode.CONNECTION_CLOSED, "cannot write to the daemon: " + e.getMessage(), null, e));
-            KazeiaException why = closedBy;
+            KazeiaException why = closing;
             throw new KazeiaException(why.code(), why.messageOnly());
         }
     }
@@ -497,14 +504,15 @@ public final class Client implements AutoCloseable {
      */
     private void shutdown(KazeiaException reason) {
         synchronized (routes) {
-            if (closedBy != null) {
+            if (closing != null) {
                 return;
             }
-            closedBy = reason;
+            closing = reason;
         }
         transport.close();
         handshake.completeExceptionally(reason);
         tell(options.onClosed(), reason);
+        closedBy = reason;
         for (Map.Entry<String, Route> e : routes.entrySet()) {
             if (routes.remove(e.getKey(), e.getValue())) {
                 try {
