@@ -349,11 +349,13 @@ fn listen(
     // `max_utterance` of samples in days) held the turn and its roles' leases for as long: once
     // the audio that came is `audio_idle` behind the wall clock, the stream ends as at `last`.
     // (A bound on the wall time alone would cut a real-time stream's long utterance after a
-    // long silence.)
+    // long silence.) Not a stalled stream's: that is `stalled`, and each turn ends by one bound
+    // only, whatever the machine's pace.
     let listening = Instant::now();
     let overdue = |r: &Ring| {
         let came = r.arrived.lock().unwrap_or_else(|p| p.into_inner()).samples;
-        listening.elapsed() >= Duration::from_secs_f64(came as f64 / 16_000.0).saturating_add(s.audio_idle)
+        !stalled(r)
+            && listening.elapsed() >= Duration::from_secs_f64(came as f64 / 16_000.0).saturating_add(s.audio_idle)
     };
     // The utterance reached `max_utterance`: the user may still be speaking, which is not a
     // barge-in on the reply to what they said (it would cancel every such turn's reply).
@@ -599,18 +601,16 @@ fn listen(
             // The client said `last`, or sent nothing for `audio_idle`: what is left is the
             // utterance (a stall before any speech: `no_speech`).
             if !ended(&ring) {
-                // The lag first: a stall makes it grow too, later (the stall's own bound ends it
-                // first, unless that bound were gone).
-                if overdue(&ring) {
+                if stalled(&ring) {
+                    tracing::info!(
+                        seconds = s.audio_idle.as_secs_f64(),
+                        "no audio frame for `audio_idle`: the turn ends"
+                    );
+                } else {
                     tracing::info!(
                         seconds = listening.elapsed().as_secs_f64(),
                         heard_seconds = pos as f64 / 16_000.0,
                         "the audio comes slower than it plays (`audio_idle` behind the wall clock): the turn ends"
-                    );
-                } else {
-                    tracing::info!(
-                        seconds = s.audio_idle.as_secs_f64(),
-                        "no audio frame for `audio_idle`: the turn ends"
                     );
                 }
             }

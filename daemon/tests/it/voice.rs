@@ -444,20 +444,7 @@ async fn barge_in_stops_the_reply() {
     question.extend(vec![0.0; 12_000]);
     send_audio(&c, &id, &question, false).await;
     // Wait until the reply is under way (its first audio frame), streaming "microphone" silence.
-    let mut saw_audio = false;
-    let t = Instant::now();
-    while !saw_audio {
-        assert!(t.elapsed() < Duration::from_secs(120), "no reply audio");
-        send_audio(&c, &id, &vec![0.0; 1_600], false).await;
-        while let Ok(Some(item)) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
-            match item {
-                Incoming::Audio(a) if !a.pcm.is_empty() => saw_audio = true,
-                Incoming::Event(Event::Done { stop, .. }) => panic!("the reply ended ({stop:?}) before the barge-in"),
-                Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
-                _ => {}
-            }
-        }
-    }
+    until_reply_audio(&c, &id, &mut rx, "the barge-in").await;
     // The user speaks again: the reply must stop at once.
     let barged = Instant::now();
     send_audio(&c, &id, &interruption, true).await;
@@ -479,6 +466,30 @@ async fn barge_in_stops_the_reply() {
     assert!(c.status().await.is_ok());
 }
 
+/// Stream the microphone's silence (100 ms frames) until the reply's first audio frame; the
+/// reply must not end before (`before`: what the test does next).
+async fn until_reply_audio(
+    c: &Client,
+    id: &str,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Incoming>,
+    before: &str,
+) {
+    let t = Instant::now();
+    let mut saw_audio = false;
+    while !saw_audio {
+        assert!(t.elapsed() < common::HANG, "no reply audio");
+        send_audio(c, id, &vec![0.0; 1_600], false).await;
+        while let Ok(Some(item)) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
+            match item {
+                Incoming::Audio(a) if !a.pcm.is_empty() => saw_audio = true,
+                Incoming::Event(Event::Done { stop, .. }) => panic!("the reply ended ({stop:?}) before {before}"),
+                Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+                _ => {}
+            }
+        }
+    }
+}
+
 /// A sound during the reply too short to be speech (a cough, a click: under 192 ms that the VAD
 /// calls speech) does not stop it: the reply ends as written. On the first chunk the VAD called
 /// speech, every reply it fell in stopped.
@@ -491,20 +502,8 @@ async fn a_cough_during_the_reply_does_not_stop_it() {
     let mut question = spoken("Tell me a very long story about a dragon who learns to bake bread.");
     question.extend(vec![0.0; 12_000]);
     send_audio(&c, &id, &question, false).await;
+    until_reply_audio(&c, &id, &mut rx, "the cough").await;
     let t = Instant::now();
-    let mut saw_audio = false;
-    while !saw_audio {
-        assert!(t.elapsed() < common::HANG, "no reply audio\n{}", d.log());
-        send_audio(&c, &id, &vec![0.0; 1_600], false).await;
-        while let Ok(Some(item)) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await {
-            match item {
-                Incoming::Audio(a) if !a.pcm.is_empty() => saw_audio = true,
-                Incoming::Event(Event::Done { stop, .. }) => panic!("the reply ended ({stop:?}) before the cough"),
-                Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
-                _ => {}
-            }
-        }
-    }
     // 96 ms of a spoken word's loudest part, then the microphone's silence until the turn ends.
     let word = spoken("Stop");
     let n = 1_536;
@@ -593,11 +592,8 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
     assert_eq!(final_transcript(&mut rx).await, Err(kazeia_ipc::ErrorCode::BadRequest));
     // Silence, then nothing: no speech.
     let (id, mut rx) = start(&c, "transcribe").await;
-    let logged = d.log().len();
     send_audio(&c, &id, &vec![0.0; 8_000], false).await;
     assert_eq!(final_transcript(&mut rx).await, Err(kazeia_ipc::ErrorCode::NoSpeech));
-    // Ended by the stall (`audio_idle`), not half a second later by the lag bound below.
-    assert!(d.log()[logged..].contains("no audio frame for `audio_idle`"), "{}", d.log());
     // The start of the sentence, under `max_utterance`, then nothing: heard up to there.
     let report = spoken(REPORT);
     let (id, mut rx) = start(&c, "transcribe").await;
@@ -627,7 +623,6 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
             "{what}: {end:?}"
         );
     }
-    assert!(d.log().contains("slower than it plays"), "{}", d.log());
     // Every turn has ended: none holds its roles.
     let st = c.status().await.unwrap();
     assert_eq!(st.turns_running, 0, "{st:?}");

@@ -295,19 +295,23 @@ fn file_tokens(path: &std::path::Path) -> Vec<i32> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_guards_prefix_file_holds_no_question() {
     use kazeia_pipelines::guard::{Check, GuardFormat};
+    // A check as a guarded turn asks it (the compact format, its slot, its fixed part).
+    let ask = |engine: &Engine, check: Check, question: &str, reply: &str| {
+        let p = GuardFormat::Compact.prompt(check, question, reply);
+        let req = ClassifyRequest {
+            role: "guard".into(),
+            messages: p.messages,
+            answer_prefix: p.answer_prefix,
+            labels: p.labels.into_iter().map(|(s, _)| s).collect(),
+            reuse_cache: true,
+            slot: check.slot(),
+            fixed: Some(p.fixed),
+        };
+        engine.classify(req, CancellationToken::new()).unwrap()
+    };
     let turn = |engine: Engine, question: &'static str| async move {
         for (check, reply) in [(Check::Input, ""), (Check::Output, "Here is what I know.")] {
-            let p = GuardFormat::Compact.prompt(check, question, reply);
-            let req = ClassifyRequest {
-                role: "guard".into(),
-                messages: p.messages,
-                answer_prefix: p.answer_prefix,
-                labels: p.labels.into_iter().map(|(s, _)| s).collect(),
-                reuse_cache: true,
-                slot: check.slot(),
-                fixed: Some(p.fixed),
-            };
-            engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap();
+            ask(&engine, check, question, reply).await.unwrap().unwrap();
         }
     };
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -320,25 +324,9 @@ async fn a_guards_prefix_file_holds_no_question() {
     assert_eq!(ta, tb, "a file holds its first question's tokens");
 
     let q = "Is it safe to swim after eating?";
-    let p = GuardFormat::Compact.prompt(Check::Input, q, "");
-    let ask = |engine: Engine| {
-        let p = p.clone();
-        async move {
-            let req = ClassifyRequest {
-                role: "guard".into(),
-                messages: p.messages,
-                answer_prefix: p.answer_prefix,
-                labels: p.labels.into_iter().map(|(s, _)| s).collect(),
-                reuse_cache: true,
-                slot: 0,
-                fixed: Some(p.fixed),
-            };
-            engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
-        }
-    };
-    let restored = ask(load(Some(a.path()), 2048)).await;
+    let restored = ask(&load(Some(a.path()), 2048), Check::Input, q, "").await.unwrap().unwrap();
     assert_eq!(restored.prompt_tokens - restored.prefilled_tokens, ta.len() as u32, "{restored:?}");
-    same_verdict(&restored, &ask(load(None, 2048)).await, q);
+    same_verdict(&restored, &ask(&load(None, 2048), Check::Input, q, "").await.unwrap().unwrap(), q);
 }
 
 /// A one-slot Thinker with its prefix files in `dir` (None: no file).
