@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use regex::Regex;
 use serde::Deserialize;
 
-use kazeia_engine::api::{ChatMessage, FixedPart};
+use kazeia_engine::api::{ChatMessage, ClassifyRequest, FixedPart};
 
 /// Which guard model family's prompt and answer format to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -121,6 +121,23 @@ pub struct GuardPrompt {
     pub answer_prefix: String,
     /// (continuation as the model would write it, normalized label)
     pub labels: Vec<(String, Label)>,
+}
+
+impl GuardPrompt {
+    /// The engine's request for this check, as a turn asks it: the check's own cache slot, the
+    /// labels' continuations, and the fixed part kept on disk. `reuse_cache` false only to
+    /// measure what the cache saves.
+    pub fn request(&self, role: &str, check: Check, reuse_cache: bool) -> ClassifyRequest {
+        ClassifyRequest {
+            role: role.to_string(),
+            messages: self.messages.clone(),
+            answer_prefix: self.answer_prefix.clone(),
+            labels: self.labels.iter().map(|(s, _)| s.clone()).collect(),
+            reuse_cache,
+            slot: check.slot(),
+            fixed: Some(self.fixed),
+        }
+    }
 }
 
 impl GuardFormat {

@@ -26,9 +26,7 @@ use crate::definition::{Pipeline, Plan};
 use crate::guard::{parse_categories, Check, GuardPolicy, Label};
 use crate::session::Sessions;
 use crate::split::{first_clause, first_sentence};
-use kazeia_engine::api::{
-    ChatMessage, ClassifyRequest, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError,
-};
+use kazeia_engine::api::{ChatMessage, GenEvent, GenSummary, GenerateOptions, GenerateRequest, Llm, LlmError};
 
 /// The input of one turn.
 #[derive(Debug, Clone, Default)]
@@ -149,17 +147,8 @@ impl Guard<'_> {
             });
         }
         let p = policy.format.prompt(check, user, reply);
-        let req = ClassifyRequest {
-            role: role.to_string(),
-            messages: p.messages.clone(),
-            answer_prefix: p.answer_prefix.clone(),
-            labels: p.labels.iter().map(|(s, _)| s.clone()).collect(),
-            reuse_cache,
-            slot: check.slot(),
-            fixed: Some(p.fixed),
-        };
         let c = llm
-            .classify(req, cancel.clone())?
+            .classify(p.request(role, check, reuse_cache), cancel.clone())?
             .await
             .map_err(|_| LlmError::new(ErrorCode::Engine, "the guard engine stopped"))??;
         let label = p.labels.iter().find(|(s, _)| *s == c.label).map(|(_, l)| *l).unwrap_or(Label::Unsafe);

@@ -7,8 +7,8 @@
 use kazeia_engine::Engine;
 use kazeia_ipc::ErrorCode;
 use kazeia_pipelines::{
-    ChatMessage, Check, Classification, ClassifyRequest, Engines, GenEvent, GenSummary, GenerateOptions,
-    GenerateRequest, GuardFormat, GuardPolicy, Llm, PrefillRequest, Registry, TurnInput,
+    ChatMessage, Check, Classification, Engines, GenEvent, GenSummary, GenerateOptions, GenerateRequest, GuardFormat,
+    GuardPolicy, Llm, PrefillRequest, Registry, TurnInput,
 };
 use kazeia_tests::{config, model_toml, qwen35_tiny, smollm2};
 use tokio_util::sync::CancellationToken;
@@ -60,16 +60,7 @@ async fn input_check(engine: &Engine, text: &str) -> Classification {
 }
 
 async fn guard_check(engine: &Engine, what: Check, text: &str, reply: &str) -> Classification {
-    let p = FORMAT.prompt(what, text, reply);
-    let req = ClassifyRequest {
-        role: "guard".into(),
-        messages: p.messages,
-        answer_prefix: p.answer_prefix,
-        labels: p.labels.into_iter().map(|(s, _)| s).collect(),
-        reuse_cache: true,
-        slot: what.slot(),
-        fixed: Some(p.fixed),
-    };
+    let req = FORMAT.prompt(what, text, reply).request("guard", what, true);
     engine.classify(req, CancellationToken::new()).unwrap().await.unwrap().unwrap()
 }
 

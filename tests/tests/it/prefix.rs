@@ -297,16 +297,7 @@ async fn a_guards_prefix_file_holds_no_question() {
     use kazeia_pipelines::guard::{Check, GuardFormat};
     // A check as a guarded turn asks it (the compact format, its slot, its fixed part).
     let ask = |engine: &Engine, check: Check, question: &str, reply: &str| {
-        let p = GuardFormat::Compact.prompt(check, question, reply);
-        let req = ClassifyRequest {
-            role: "guard".into(),
-            messages: p.messages,
-            answer_prefix: p.answer_prefix,
-            labels: p.labels.into_iter().map(|(s, _)| s).collect(),
-            reuse_cache: true,
-            slot: check.slot(),
-            fixed: Some(p.fixed),
-        };
+        let req = GuardFormat::Compact.prompt(check, question, reply).request("guard", check, true);
         engine.classify(req, CancellationToken::new()).unwrap()
     };
     let turn = |engine: Engine, question: &'static str| async move {
