@@ -22,6 +22,12 @@ pub fn read_wav(path: &Path) -> Result<Vec<f32>, SpeechError> {
     }
     let raw: Vec<f32> = match spec.sample_format {
         hound::SampleFormat::Float => r.samples::<f32>().collect::<Result<_, _>>(),
+        // An extensible header's valid bits are taken as written (1 to 65535): past 32 the
+        // scale's shift overflowed.
+        hound::SampleFormat::Int if !(1..=32).contains(&spec.bits_per_sample) => {
+            let msg = format!("{}: {}-bit samples (from 1 to 32 are read)", path.display(), spec.bits_per_sample);
+            return Err(SpeechError::Audio(msg));
+        }
         hound::SampleFormat::Int => {
             let scale = 1.0 / (1u64 << (spec.bits_per_sample - 1)) as f32;
             r.samples::<i32>().map(|s| s.map(|v| v as f32 * scale)).collect::<Result<_, _>>()
@@ -295,5 +301,33 @@ mod tests {
         }
         let (_d, p) = wav(16_000, &[3.0, -2.0, 0.5]);
         assert_eq!(read_wav(&p).unwrap(), [1.0, -1.0, 0.5]);
+    }
+
+    /// An extensible header's valid bits past 32 (hound takes any number but 0) are refused by
+    /// name: the scale's shift overflowed (a panic in a debug build).
+    #[test]
+    fn integer_samples_wider_than_32_bits_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.wav");
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 16_000,
+            bits_per_sample: 24,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut w = hound::WavWriter::create(&path, spec).unwrap();
+        for v in [0, 1000, -1000] {
+            w.write_sample(v).unwrap();
+        }
+        w.finalize().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes[20..22], 0xFFFEu16.to_le_bytes(), "hound wrote no extensible header");
+        assert_eq!(read_wav(&path).unwrap().len(), 3);
+        for valid in [33u16, 65_535] {
+            bytes[38..40].copy_from_slice(&valid.to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            let e = read_wav(&path).unwrap_err().to_string();
+            assert!(e.contains(&format!("{valid}-bit samples")), "{valid}: {e}");
+        }
     }
 }
