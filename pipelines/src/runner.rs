@@ -76,16 +76,19 @@ impl Guard<'_> {
     /// A question longer than the guard's context is judged in parts, halved until each fits, and
     /// the worst verdict stands (it failed with `context_overflow`: a pasted article could not be
     /// asked about through a guarded pipeline, the device's guard holding 2048 tokens).
+    /// `unit`: what this check decides (the question, or the reply's newest unit): a rule that
+    /// passes decides only the text it matches there.
     pub async fn check(
         self,
         check: Check,
         user: &str,
         reply: &str,
+        unit: &str,
         cancel: CancellationToken,
     ) -> Result<Verdict, LlmError> {
         let Guard { policy, .. } = self;
         let t = Instant::now();
-        let overflow = match self.check_once(check, user, reply, cancel.clone()).await {
+        let overflow = match self.check_once(check, user, reply, unit, cancel.clone()).await {
             Err(e) if e.code == ErrorCode::ContextOverflow && check == Check::Input => e,
             other => return other,
         };
@@ -101,7 +104,7 @@ impl Guard<'_> {
                     format!("the question is too long for the guard to judge (over {MAX_CHECKS} checks of its parts)");
                 return Err(LlmError::new(ErrorCode::ContextOverflow, msg));
             }
-            match self.check_once(check, &part, reply, cancel.clone()).await {
+            match self.check_once(check, &part, reply, &part, cancel.clone()).await {
                 Ok(v) => {
                     let blocks = policy.blocks(v.label);
                     worst = Some(match worst {
@@ -133,12 +136,20 @@ impl Guard<'_> {
         check: Check,
         user: &str,
         reply: &str,
+        unit: &str,
         cancel: CancellationToken,
     ) -> Result<Verdict, LlmError> {
         let Guard { llm, policy, role, reuse_cache } = self;
         let t = Instant::now();
         let text = if check == Check::Input { user } else { reply };
-        if let Some(rule) = policy.rule(check, text) {
+        // A blocking rule reads all the check reads; one that passes decides only the text it
+        // matches: the unit. (A `Safe` rule matched in a reply's first sentence passed every
+        // later sentence without the model.)
+        let rule = match policy.rule(check, text) {
+            Some(r) if check == Check::Output && !policy.blocks(r.label) => policy.rule(check, unit),
+            r => r,
+        };
+        if let Some(rule) = rule {
             return Ok(Verdict {
                 label: rule.label,
                 categories: rule.categories.clone(),
@@ -190,10 +201,10 @@ impl Guard<'_> {
         cancel: CancellationToken,
     ) -> Result<Verdict, LlmError> {
         let reply = format!("{earlier}{unit}");
-        match self.check(Check::Output, question, reply.trim(), cancel.clone()).await {
+        match self.check(Check::Output, question, reply.trim(), unit, cancel.clone()).await {
             Err(e) if e.code == ErrorCode::ContextOverflow => {
                 let reply = format!("{}{unit}", tail(earlier, SHORT));
-                self.check(Check::Output, &ends(question, SHORT), reply.trim(), cancel).await
+                self.check(Check::Output, &ends(question, SHORT), reply.trim(), unit, cancel).await
             }
             other => other,
         }
@@ -338,7 +349,7 @@ pub async fn run_turn(
 
     let mut guard_in: Option<Pending> = plan.input_guard.as_ref().map(|role| {
         let guard = Guard { llm, policy, role, reuse_cache: pipeline.prefix_cache };
-        Box::pin(guard.check(Check::Input, &input.text, "", cancel.child_token())) as Pending
+        Box::pin(guard.check(Check::Input, &input.text, "", &input.text, cancel.child_token())) as Pending
     });
 
     // Guard-only pipeline: the verdict is the answer.
@@ -393,6 +404,9 @@ pub async fn run_turn(
     let mut thought = String::new();
     let mut thoughts: VecDeque<String> = VecDeque::new();
     let mut checking_thought = false;
+    // The reasoning released so far: each unit of it is judged after it, as a reply's sentence
+    // is after the reply before it (a procedure spread over harmless steps passed step by step).
+    let mut released_thoughts = String::new();
 
     // Release `n` bytes of pending text as token events (splitting a piece at the boundary).
     let release = |n: usize,
@@ -419,7 +433,7 @@ pub async fn run_turn(
 
     loop {
         // Unguarded output: reasoning held for the input verdict leaves once it passed.
-        if input_passed && output_guard.is_none() {
+        if input_passed && output_guard.is_none() && !cancel.is_cancelled() {
             while let Some(text) = thoughts.pop_front() {
                 emit(Event::Thinking { id: id.clone(), text });
             }
@@ -429,10 +443,11 @@ pub async fn run_turn(
         if input_passed && out_check.is_none() && !cancel.is_cancelled() {
             if let (Some(role), Some(unit)) = (&output_guard, thoughts.front()) {
                 let (role, user_text, unit) = (role.clone(), input.text.clone(), unit.trim().to_string());
-                let (c, reuse_cache) = (cancel.child_token(), pipeline.prefix_cache);
+                let (c, reuse_cache, earlier) =
+                    (cancel.child_token(), pipeline.prefix_cache, released_thoughts.clone());
                 checking_thought = true;
                 out_check = Some(Box::pin(async move {
-                    Guard { llm, policy, role: &role, reuse_cache }.check_output(&user_text, "", &unit, c).await
+                    Guard { llm, policy, role: &role, reuse_cache }.check_output(&user_text, &earlier, &unit, c).await
                 }));
             } else if let (Some(role), Some(&n)) = (&output_guard, queued.front()) {
                 checking_thought = false;
@@ -477,7 +492,8 @@ pub async fn run_turn(
                         Err(e) => return fail(e),
                     }
                 }
-                if output_guard.is_none() {
+                // (After a cancel, nothing held is released.)
+                if output_guard.is_none() && !cancel.is_cancelled() {
                     // Reasoning held for the verdict leaves before the reply it preceded.
                     while let Some(text) = thoughts.pop_front() {
                         emit(Event::Thinking { id: id.clone(), text });
@@ -500,7 +516,7 @@ pub async fn run_turn(
                                 while let Some(n) = first_sentence(&thought) {
                                     thoughts.push_back(thought.drain(..n).collect());
                                 }
-                            } else if input_passed {
+                            } else if input_passed && !cancel.is_cancelled() {
                                 emit(Event::Thinking { id: id.clone(), text });
                             } else {
                                 thoughts.push_back(text);
@@ -525,7 +541,7 @@ pub async fn run_turn(
                                 queued.push_back(queued_bytes + n);
                                 queued_bytes += n;
                             }
-                        } else if input_passed {
+                        } else if input_passed && !cancel.is_cancelled() {
                             let n = pending_text.len();
                             release(n, &mut pending, &mut pending_text, &mut released, &mut first_release);
                         }
@@ -549,6 +565,11 @@ pub async fn run_turn(
                 // was cancelled (nothing more is spoken).
                 if let (Ok(_), Some(p), false) = (&v, paused.take(), cancel.is_cancelled()) {
                     p.to_speech();
+                }
+                // A verdict ready when the cancel came: the unit is not released (the Thinker,
+                // cancelled too, finishes the loop).
+                if cancel.is_cancelled() {
+                    continue;
                 }
                 let v = match v {
                     Ok(v) => v,
@@ -574,6 +595,8 @@ pub async fn run_turn(
                 }
                 if checking_thought {
                     let text = thoughts.pop_front().expect("a thought was being checked");
+                    released_thoughts.push_str(text.trim());
+                    released_thoughts.push(' ');
                     emit(Event::Thinking { id: id.clone(), text });
                     continue;
                 }

@@ -44,8 +44,9 @@ struct Scripted {
     /// history's place, and the options.
     fits: Mutex<Vec<Fit>>,
     classified: AtomicU32,
-    /// The Thinker's reply, streamed a word at a time.
+    /// The Thinker's reply, streamed a word at a time, after its reasoning (`thinking`).
     reply: Vec<String>,
+    thinking: Vec<String>,
     /// The longest prompt (characters) the guard's context takes: longer is `context_overflow`.
     guard_room: usize,
 }
@@ -64,6 +65,7 @@ impl Scripted {
             fits: Mutex::new(Vec::new()),
             classified: AtomicU32::new(0),
             reply: SENTENCES.iter().map(|s| s.to_string()).collect(),
+            thinking: Vec::new(),
             guard_room: usize::MAX,
         }
     }
@@ -75,6 +77,11 @@ impl Scripted {
 
     fn replying(mut self, reply: &str) -> Scripted {
         self.reply = vec![reply.to_string()];
+        self
+    }
+
+    fn thinking(mut self, thinking: &str) -> Scripted {
+        self.thinking = vec![thinking.to_string()];
         self
     }
 }
@@ -90,17 +97,26 @@ impl Llm for Scripted {
         *self.thinker_messages.lock().unwrap() = request.messages.clone();
         self.fits.lock().unwrap().push((request.history, request.options.clone()));
         let (tx, rx) = mpsc::unbounded_channel();
-        let tokens: Vec<String> = self.reply.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect();
+        let words = |texts: &[String]| -> Vec<String> {
+            texts.iter().flat_map(|s| s.split_inclusive(' ')).map(String::from).collect()
+        };
+        let thoughts = words(&self.thinking).into_iter().map(|t| (true, t));
+        let tokens: Vec<(bool, String)> = thoughts.chain(words(&self.reply).into_iter().map(|t| (false, t))).collect();
         tokio::spawn(async move {
             let mut generated = 0;
-            for t in tokens {
+            for (thinking, t) in tokens {
                 // A decode step; a cancelled engine stops within one.
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 if cancel.is_cancelled() {
                     break;
                 }
                 generated += 1;
-                let _ = tx.send(GenEvent::Token { text: t, at: Instant::now() });
+                let at = Instant::now();
+                let _ = tx.send(if thinking {
+                    GenEvent::Thinking { text: t, at }
+                } else {
+                    GenEvent::Token { text: t, at }
+                });
             }
             let stop = if cancel.is_cancelled() { StopReason::Cancelled } else { StopReason::Eos };
             let metrics = Metrics { generated_tokens: generated, ..Metrics::default() };
@@ -172,9 +188,20 @@ async fn turn(llm: &Scripted) -> Vec<Event> {
 
 async fn turn_on(llm: &Scripted, pipeline: &kazeia_pipelines::Pipeline) -> Vec<Event> {
     let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
-    let (tx, mut rx) = mpsc::unbounded_channel();
     let input = TurnInput { text: "What is the capital of France?".into(), ..Default::default() };
-    run_turn(pipeline, input, Engines { llm, policy: &policy, sessions: None }, CancellationToken::new(), tx).await;
+    turn_with(llm, pipeline, &policy, input, CancellationToken::new()).await
+}
+
+/// A guarded-chat turn with its own policy, input and cancel token.
+async fn turn_with(
+    llm: &Scripted,
+    pipeline: &kazeia_pipelines::Pipeline,
+    policy: &GuardPolicy,
+    input: TurnInput,
+    cancel: CancellationToken,
+) -> Vec<Event> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    run_turn(pipeline, input, Engines { llm, policy, sessions: None }, cancel, tx).await;
     let mut events = Vec::new();
     while let Ok(e) = rx.try_recv() {
         events.push(e);
@@ -544,4 +571,88 @@ async fn a_whole_transcript_is_prefilled_as_the_turn_will_ask() {
         let t = TurnInput { text: text.into(), ..Default::default() };
         assert!(kazeia_pipelines::warm(pipeline, &t, true, engines(), CancellationToken::new()).await.is_empty());
     }
+}
+
+/// Released text of `events`: tokens, and the sentences and thoughts.
+fn released(events: &[Event]) -> (String, Vec<&str>, Vec<&str>) {
+    let mut tokens = String::new();
+    let (mut sentences, mut thoughts) = (Vec::new(), Vec::new());
+    for e in events {
+        match e {
+            Event::Token { text, .. } => tokens.push_str(text),
+            Event::Sentence { text, .. } => sentences.push(text.as_str()),
+            Event::Thinking { text, .. } => thoughts.push(text.as_str()),
+            _ => {}
+        }
+    }
+    (tokens, sentences, thoughts)
+}
+
+/// A cancel that comes while a unit's verdict is ready: the unit is not released (the verdict
+/// came first in the runner's select half the time, and the sentence left after the cancel).
+#[tokio::test]
+async fn a_unit_whose_verdict_meets_the_cancel_is_not_released() {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    // The second sentence's check: the turn is cancelled, and the verdict (Safe) is ready at once.
+    let llm = Scripted::new(move |check, seen| {
+        if check == Check::Output && seen.contains("hurt") {
+            c.cancel();
+        }
+        Label::Safe
+    });
+    let registry = Registry::builtin();
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let input = TurnInput { text: "What is the capital of France?".into(), ..Default::default() };
+    let events = turn_with(&llm, registry.get("guarded-chat").unwrap(), &policy, input, cancel).await;
+    let (tokens, sentences, _) = released(&events);
+    assert_eq!(tokens, SENTENCES[0], "{events:?}");
+    assert_eq!(sentences, [SENTENCES[0].trim()], "{events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Cancelled, .. })), "{events:?}");
+}
+
+/// A rule that passes (`Safe`) decides the text it matches, not the sentences after it: the
+/// output rule layer read the reply so far, so once a released sentence matched, every later
+/// one passed by rule, without the model.
+#[tokio::test]
+async fn a_safe_rule_decides_only_the_unit_it_matches() {
+    let cfg: kazeia_pipelines::GuardConfig = toml::from_str(
+        "categories = false\n[[rules]]\npattern = \"(?i)bath salts\"\nlabel = \"Safe\"\non = \"output\"\n",
+    )
+    .unwrap();
+    let policy = GuardPolicy::new(&cfg).unwrap();
+    let llm = Scripted::new(
+        |check, seen| if check == Check::Output && seen.contains("hurt") { Label::Unsafe } else { Label::Safe },
+    )
+    .replying("Bath salts are relaxing. Here is how to hurt someone. The end.");
+    let registry = Registry::builtin();
+    let input = TurnInput { text: "Tell me about baths.".into(), ..Default::default() };
+    let events = turn_with(&llm, registry.get("guarded-chat").unwrap(), &policy, input, CancellationToken::new()).await;
+    let (tokens, _, _) = released(&events);
+    assert!(tokens.starts_with("Bath salts are relaxing. "), "{events:?}");
+    assert!(!tokens.contains("hurt"), "the second sentence went to the model, which blocks it: {events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Blocked, .. })), "{events:?}");
+}
+
+/// Shown reasoning is judged unit by unit after the reasoning released before it, as a reply's
+/// sentences are: each was judged alone, so steps harmless one at a time passed together.
+#[tokio::test]
+async fn shown_reasoning_is_judged_with_the_reasoning_before_it() {
+    // The guard blocks the two steps together, never either alone.
+    let llm = Scripted::new(|check, seen| {
+        if check == Check::Output && seen.contains("obtain X") && seen.contains("mix it with Y") {
+            Label::Unsafe
+        } else {
+            Label::Safe
+        }
+    })
+    .thinking("Step one: obtain X. Step two: mix it with Y. ");
+    let registry = Registry::builtin();
+    let policy = GuardPolicy { categories: false, ..GuardPolicy::default() };
+    let input = TurnInput { text: "What is the capital of France?".into(), show_thinking: true, ..Default::default() };
+    let events = turn_with(&llm, registry.get("guarded-chat").unwrap(), &policy, input, CancellationToken::new()).await;
+    let (tokens, _, thoughts) = released(&events);
+    assert_eq!(thoughts, ["Step one: obtain X. "], "{events:?}");
+    assert!(!tokens.contains("Paris"), "{events:?}");
+    assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Blocked, .. })), "{events:?}");
 }
