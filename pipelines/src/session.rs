@@ -89,6 +89,22 @@ impl Sessions {
         }
     }
 
+    /// Take back the session's latest turn if it answered `user`: a spoken reply the user
+    /// stopped (barge-in) after the Thinker had finished, and so after the turn was recorded,
+    /// was kept whole, as if heard (one stopped while the Thinker wrote is never recorded).
+    /// True when a turn was taken back.
+    pub fn retract(&self, id: &str, user: &str) -> bool {
+        let mut map = self.inner.lock().expect("sessions lock");
+        let Some(e) = map.get_mut(id) else { return false };
+        let n = e.messages.len();
+        let latest =
+            n >= 2 && e.messages[n - 2] == ChatMessage::new("user", user) && e.messages[n - 1].role == "assistant";
+        if latest {
+            e.messages.truncate(n - 2);
+        }
+        latest
+    }
+
     /// Drop sessions idle for at least `idle` (memory pressure sheds these first).
     pub fn shed(&self, idle: Duration) -> usize {
         let mut map = self.inner.lock().expect("sessions lock");
@@ -179,5 +195,19 @@ mod tests {
         s.append_after("a", &read[..2], m("user", "q4"), m("assistant", "r4"));
         let texts: Vec<String> = s.history("a").into_iter().map(|c| c.content).collect();
         assert_eq!(texts, ["q1", "r1", "q2", "r2", "q3", "r3", "q4", "r4"]);
+    }
+
+    /// A turn taken back goes only if it is the session's latest, answering that question.
+    #[test]
+    fn a_retracted_turn_is_the_latest_one_only() {
+        let m = |r: &str, t: &str| ChatMessage::new(r, t);
+        let s = Sessions::new(Duration::from_secs(60));
+        s.append("a", m("user", "q0"), m("assistant", "r0"));
+        s.append("a", m("user", "q1"), m("assistant", "r1"));
+        assert!(!s.retract("a", "q0"), "an older turn stays");
+        assert!(!s.retract("b", "q1"), "another session is untouched");
+        assert!(s.retract("a", "q1"));
+        let texts: Vec<String> = s.history("a").into_iter().map(|c| c.content).collect();
+        assert_eq!(texts, ["q0", "r0"]);
     }
 }

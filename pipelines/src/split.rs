@@ -68,7 +68,8 @@ pub fn first_clause(text: &str) -> Option<usize> {
         }
         let boundary = matches!(c, ',' | ';' | ':') && chars.peek().is_some_and(|(_, n)| n.is_whitespace());
         if boundary
-            && text[..end].split_whitespace().count() >= MIN_CLAUSE_WORDS
+            // (Words: a French spaced ":" or ";" is none.)
+            && text[..end].split_whitespace().filter(|w| w.chars().any(char::is_alphanumeric)).count() >= MIN_CLAUSE_WORDS
             && text[..end].trim().chars().count() >= MIN_CHARS
         {
             return Some(end + ws_len(&text[end..]));
@@ -178,6 +179,8 @@ mod tests {
         // Too few words before the comma: the sentence.
         assert_eq!(first_clause("Oui, c'est Paris. Et puis"), Some("Oui, c'est Paris. ".len()));
         assert_eq!(first_clause("Bien sûr : la capitale de la France est Paris"), None);
+        // French spaces its colon: the mark is no word.
+        assert_eq!(first_clause("Oui oui oui : la suite est longue"), None);
         assert_eq!(first_clause("La capitale de la France : Paris"), Some("La capitale de la France : ".len()));
         // No white space after the mark yet: the clause may go on ("3,5").
         assert_eq!(first_clause("It costs about 3,"), None);

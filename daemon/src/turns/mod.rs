@@ -205,6 +205,13 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     // The early reply is the turn's if it answers what the turn's transcript says (and did not
     // fail: an error then, e.g. `busy`, may not be one now).
     let failed = |r: &Reply<'_>| r.kept.iter().any(|e| matches!(e, Event::Error { .. }));
+    // What it sent and the turn has not read yet counts too: an `Error` still in the channel
+    // (the transcript's branch came first) made a failed early reply the turn's answer.
+    if let Some(r) = early.as_mut() {
+        while let Ok(e) = r.events.try_recv() {
+            r.keep(e);
+        }
+    }
     let (reply, early_start_ms) = match early.take() {
         Some(mut r) if r.text == text && !failed(&r) => {
             // Its first sentence goes to the speaker: the hold until it takes it, no longer.
@@ -251,7 +258,8 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
         .plan
         .speak
         .then(|| Speaker::start(sup.clone(), turn.id.clone(), language, turn.cancel.clone(), out.clone()));
-    let Reply { run, events: mut rx, kept, .. } = reply.unwrap_or_else(|| Reply::start(sup, turn, text, false));
+    let Reply { run, events: mut rx, kept, text: asked, .. } =
+        reply.unwrap_or_else(|| Reply::start(sup, turn, text, false));
     let forward = async {
         let mut last = None;
         let mut kept = kept.into_iter();
@@ -290,6 +298,12 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                 // `cancelled`; it said `eos`).
                 if let (false, Event::Done { stop, .. }) = (s.finished, &mut last) {
                     *stop = StopReason::Cancelled;
+                    // The session recorded the whole reply when the Thinker finished: a
+                    // cancelled turn is not kept (the runner's rule), and the user did not hear
+                    // the rest.
+                    if let Some(name) = &turn.request.session {
+                        sup.sessions.retract(&session_key(turn.who.uid, name), &asked);
+                    }
                 }
                 spoken = Some(s)
             }
@@ -329,7 +343,10 @@ fn prefill_ahead<'a>(sup: &'a Arc<Supervisor>, turn: &'a Turn, text: String, who
         }
         // The turn's reasoning budget: a whole prompt prefilled ahead is the Thinker's as the
         // turn will render it (think block open or empty).
-        let options = GenerateOptions { thinking_budget: turn.request.options.thinking_budget, ..Default::default() };
+        // (`max_tokens` too: the room it leaves decides the history the turn keeps.)
+        let o = &turn.request.options;
+        let options =
+            GenerateOptions { thinking_budget: o.thinking_budget, max_tokens: o.max_tokens, ..Default::default() };
         let input = TurnInput {
             text,
             options,
