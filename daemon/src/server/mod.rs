@@ -165,9 +165,9 @@ async fn shutdown(
     // Logged once new turns are refused: whoever reads this line may rely on it.
     tracing::info!("{why}: shutting down");
     let path = match bound {
-        socket::Bound::Owned { listener, path } => {
+        socket::Bound::Owned { listener, path, file } => {
             drop(listener);
-            Some(path)
+            Some((path, file))
         }
         socket::Bound::Activated { listener } => {
             drop(listener);
@@ -191,8 +191,8 @@ async fn shutdown(
         }
     })
     .await;
-    if let Some(p) = path {
-        let _ = std::fs::remove_file(&p);
+    if let Some((p, file)) = path {
+        socket::remove_own(&p, file);
     }
     tracing::info!("kazeia stopped");
 }

@@ -7,7 +7,7 @@
 //! either way.
 
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::FromRawFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
@@ -43,8 +43,33 @@ pub fn default_path() -> PathBuf {
 
 /// Where the listener came from: a file we own (removed at exit) or one systemd handed us.
 pub enum Bound {
-    Owned { listener: UnixListener, path: PathBuf },
-    Activated { listener: UnixListener },
+    /// `file`: the socket file bound (device, inode), to remove it only if it is still ours.
+    Owned {
+        listener: UnixListener,
+        path: PathBuf,
+        file: Option<(u64, u64)>,
+    },
+    Activated {
+        listener: UnixListener,
+    },
+}
+
+/// Remove the socket file at `path` if it is still the one this daemon bound (`file`). A
+/// daemon started while this one drained its last turns finds the listener gone
+/// (`ECONNREFUSED`), takes the path and binds its own socket there: removing the path at the
+/// end of the shutdown removed that one, and the new daemon served no one.
+pub fn remove_own(path: &Path, file: Option<(u64, u64)>) {
+    let now = identity(path);
+    if now.is_some() && now == file {
+        let _ = std::fs::remove_file(path);
+    } else if now.is_some() {
+        tracing::info!(path = %path.display(), "the socket path holds another daemon's socket now: left in place");
+    }
+}
+
+/// The file at `path` (not followed): device and inode.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl Bound {
@@ -148,5 +173,5 @@ pub fn bind(path: &Path, shared_dir: bool) -> Result<Bound, SocketError> {
     let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind { path: show.clone(), source })?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|source| SocketError::Bind { path: show, source })?;
-    Ok(Bound::Owned { listener, path: path.to_path_buf() })
+    Ok(Bound::Owned { listener, path: path.to_path_buf(), file: identity(path) })
 }

@@ -460,6 +460,46 @@ async fn sigterm_during_a_turn() {
     assert!(!code.1, "socket file was left behind");
 }
 
+/// A daemon started while another drains its last turn (SIGTERM, grace time) takes the socket
+/// path (the old listener is gone: `ECONNREFUSED`, a stale socket); the old one, once stopped,
+/// leaves the new one's socket in place. It removed the path at its end: the new daemon ran on,
+/// reachable by no one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_daemon_leaves_its_successors_socket() {
+    let text = crate::voice::config_text().replace("[daemon]\n", "[daemon]\nshutdown_grace = \"60s\"\n");
+    let mut old = Daemon::start(&text);
+    let c = old.client().await;
+    // An audio turn with no audio yet runs until its audio comes (or `audio_idle`, 30 s).
+    let id = c.new_id();
+    let audio = Some(kazeia_ipc::AudioSpec { sample_rate: 16_000, channels: 1 });
+    let turn = kazeia_ipc::Request::Turn {
+        id: id.clone(),
+        pipeline: "transcribe".into(),
+        text: None,
+        audio,
+        session: None,
+        options: TurnOptions::default(),
+    };
+    let mut rx = c.send(turn).await.unwrap();
+    assert!(matches!(rx.recv().await, Some(Incoming::Event(Event::Accepted { .. }))));
+    old.signal(libc::SIGTERM);
+    tokio::task::block_in_place(|| old.wait_log("SIGTERM: shutting down"));
+    let (child, log) = common::spawn(&old.dir.path().join("models.toml"), &old.socket);
+    let _new = common::Reaped(child);
+    let log = || log.lock().unwrap().clone();
+    tokio::task::block_in_place(|| {
+        common::wait_until("the new daemon listening", || log().contains("kazeia: listening on"), log)
+    });
+    // The old daemon's last turn ends with its connection; then it stops.
+    drop(rx);
+    drop(c);
+    let (code, old_log) = tokio::task::block_in_place(|| (old.wait(common::HANG), old.log()));
+    assert_eq!(code, Some(0), "{old_log}");
+    assert!(old.socket.exists(), "the stopped daemon removed its successor's socket: {old_log}");
+    let c = kazeia_ipc::Client::connect(&old.socket, "test").await.expect("the new daemon serves");
+    assert!(c.status().await.is_ok());
+}
+
 #[test]
 fn systemd_socket_activation() {
     use std::os::unix::io::AsRawFd;
