@@ -1,10 +1,11 @@
 //! One turn from admission to its final event. Admission is decided here and only here
 //! (a duplicate id first, then shutting down, memory pressure, the pipeline and its input,
-//! the options, each role's capacity, the uid's running turns);
+//! the options, the uid's running turns, each role's capacity);
 //! an admitted [`Turn`] is registered for `cancel` by id and leases its roles for its whole
 //! life. Dropping it — whichever way the turn ends — deregisters it and releases its leases:
 //! there are no add/remove pairs to keep in step.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use kazeia_ipc::{AudioSpec, ErrorCode, TurnOptions};
@@ -148,6 +149,22 @@ impl Supervisor {
         if o.temperature.is_some_and(|t| !kazeia_engine::params::TEMPERATURES.contains(&t)) {
             return refuse(ErrorCode::BadRequest, "options.temperature must be a number from 0 to 5".into());
         }
+        let max = self.config.daemon.max_turns_per_uid;
+        let full = |turns: &HashMap<(u64, String), TurnEntry>| {
+            turns.values().filter(|t| t.uid == who.uid).count() >= max as usize
+        };
+        let uid = who.uid;
+        let too_many = || {
+            refuse(
+                ErrorCode::TooManyTurns,
+                format!("uid {uid} already has {max} turns running (limits.max_turns_per_uid)"),
+            )
+        };
+        // Before the lease too: a refused turn's lease, taken and dropped, told every subscriber
+        // of a change twice and held roles from their keep-alive unload (a flood of refusals).
+        if full(&self.turns.lock().expect("turns lock")) {
+            return too_many();
+        }
         let lease = self.lease(&pipeline.roles())?;
         let cancel = parent.child_token();
         {
@@ -157,13 +174,8 @@ impl Supervisor {
             if turns.contains_key(&key) {
                 return duplicate();
             }
-            let max = self.config.daemon.max_turns_per_uid;
-            if turns.values().filter(|t| t.uid == who.uid).count() >= max as usize {
-                let uid = who.uid;
-                return refuse(
-                    ErrorCode::TooManyTurns,
-                    format!("uid {uid} already has {max} turns running (limits.max_turns_per_uid)"),
-                );
+            if full(&turns) {
+                return too_many();
             }
             turns.insert(key, TurnEntry { uid: who.uid, cancel: cancel.clone() });
         }
@@ -191,5 +203,36 @@ impl Supervisor {
     /// Turns holding `role`.
     pub fn leased(&self, role: &str) -> usize {
         self.leases.lock().expect("leases lock").get(role).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A turn refused for the uid's running turns changes nothing a subscriber sees: its lease,
+    /// taken before the count and dropped with the refusal, told every subscriber of a change
+    /// twice per refusal (and held the roles from their keep-alive unload).
+    #[test]
+    fn a_turn_over_the_uids_limit_tells_subscribers_nothing() {
+        let text = "[daemon]\nmax_turns_per_uid = 1\n\n[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\n";
+        let config = crate::config::Config::parse(std::path::Path::new("models.toml"), text).unwrap();
+        let sup = Arc::new(Supervisor::new(config, kazeia_pipelines::Registry::builtin()));
+        let conn = CancellationToken::new();
+        let request = |id: &str| TurnRequest {
+            id: id.into(),
+            pipeline: "chat".into(),
+            text: Some("hi".into()),
+            ..TurnRequest::default()
+        };
+        let who = Who { conn: 1, uid: 1000 };
+        let _running = sup.begin_turn(who, request("a"), &conn).expect("the first turn is admitted");
+        let mut changes = sup.changes.subscribe();
+        for i in 0..5 {
+            let e = sup.begin_turn(who, request(&format!("b{i}")), &conn).err().expect("over the limit");
+            assert_eq!(e.code, ErrorCode::TooManyTurns);
+        }
+        assert!(changes.try_recv().is_err(), "a refusal told subscribers of a change");
+        assert_eq!(sup.leased("thinker"), 1);
     }
 }
