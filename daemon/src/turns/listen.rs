@@ -128,20 +128,27 @@ impl AudioInput {
     /// Push one frame's samples (converted to 16 kHz mono). False when the ring is full: the
     /// speech task fell more than the ring's length behind.
     pub fn push(&mut self, a: &AudioFrame) -> bool {
-        let samples = self.resampler.push(&audio::mono(&audio::from_s16le(&a.pcm), self.channels), a.last);
+        // A full ring drops the frame before it is resampled: the resampling (~35 filter taps a
+        // sample, on the connection's async worker) went on for every frame of a fast stream
+        // after the overrun, on the cores the decodes need.
+        let full = self.producer.is_full();
+        let samples = match full {
+            true => Vec::new(),
+            false => self.resampler.push(&audio::mono(&audio::from_s16le(&a.pcm), self.channels), a.last),
+        };
         // Under the lock: the listener reads the count and the instant together.
         let mut arrived = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
         let pushed = self.producer.push_slice(&samples);
         // Only audio counts as the stream going on: empty frames (or ones too short for one
         // sample at 16 kHz) every second kept a turn and its roles' leases past `audio_idle`.
-        if !samples.is_empty() {
+        if !samples.is_empty() || (full && !a.pcm.is_empty()) {
             *arrived = Arrived { samples: arrived.samples + pushed, at: Instant::now() };
         }
         drop(arrived);
         if a.last {
             self.ended.store(true, Ordering::Release);
         }
-        pushed == samples.len()
+        !full && pushed == samples.len()
     }
 
     /// The stream's `last` frame has come: the turn hears no more of it.
