@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 
 use crate::frame::{AudioFrame, Frame, FrameCodec, FrameError, MAX_FRAME};
-use crate::request::{Request, TurnOptions, PROTOCOL_VERSION};
+use crate::request::{bad_name, Request, TurnOptions, PROTOCOL_VERSION};
 use crate::{ErrorCode, Event, Limits, StatusReport};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +44,6 @@ pub struct Client {
     next: AtomicU64,
     prefix: String,
     pub welcome: Event,
-    /// Events that name no request of ours (e.g. subscription pushes without an id).
-    pub unsolicited: Mutex<Option<mpsc::UnboundedReceiver<Incoming>>>,
     /// The reader and writer tasks: both own half of the socket.
     tasks: [tokio::task::AbortHandle; 2],
 }
@@ -62,6 +60,15 @@ impl Drop for Client {
 impl Client {
     /// Connect and perform the handshake.
     pub async fn connect(path: &Path, client_name: &str) -> Result<Client, ClientError> {
+        // Request ids are made from the name: one the daemon refuses made every request wait
+        // for an answer that names no request (see [`check`]).
+        let longest = format!("{client_name}-{}-{}", std::process::id(), u64::MAX);
+        if let Some(why) = bad_name(&longest) {
+            return Err(refused(
+                ErrorCode::BadRequest,
+                format!("the client name {client_name:?}: its request ids {why}"),
+            ));
+        }
         let stream = UnixStream::connect(path)
             .await
             .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
@@ -97,7 +104,6 @@ impl Client {
             }
         });
         let routes: Routes = Arc::default();
-        let (uns_tx, uns_rx) = mpsc::unbounded_channel();
         let reader_routes = routes.clone();
         let reader = tokio::spawn(async move {
             while let Some(Ok(frame)) = stream.next().await {
@@ -119,15 +125,12 @@ impl Client {
                             | Event::Error { is_final: true, .. }
                     )
                 );
+                // What names no request of ours (its receiver dropped, its last event read) is
+                // dropped: kept for a reader nobody was, it grew for as long as the client lived.
                 let mut routes = reader_routes.lock().expect("routes lock");
-                match id.as_ref().and_then(|id| routes.get(id)) {
-                    Some(tx) => {
-                        if tx.send(item).is_err() || last {
-                            routes.remove(id.as_ref().expect("id"));
-                        }
-                    }
-                    None => {
-                        let _ = uns_tx.send(item);
+                if let Some(tx) = id.as_ref().and_then(|id| routes.get(id)) {
+                    if tx.send(item).is_err() || last {
+                        routes.remove(id.as_ref().expect("id"));
                     }
                 }
             }
@@ -140,7 +143,6 @@ impl Client {
             next: AtomicU64::new(1),
             prefix: format!("{}-{}", client_name, std::process::id()),
             welcome,
-            unsolicited: Mutex::new(Some(uns_rx)),
             tasks: [reader.abort_handle(), writer.abort_handle()],
         })
     }
@@ -174,7 +176,11 @@ impl Client {
     }
 
     /// Send a request and receive everything that names its id, until the receiver is dropped.
+    /// Refused here, as the daemon would refuse it: a bad `id` or `session` (see [`check`]), and
+    /// the id of a request of this client still running (the daemon answers `duplicate_id` and
+    /// the running one goes on: its route was replaced, its receiver closed).
     pub async fn send(&self, req: Request) -> Result<mpsc::UnboundedReceiver<Incoming>, ClientError> {
+        check(&req)?;
         let frame = Frame::request(&req);
         self.fits(&frame)?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -183,6 +189,9 @@ impl Client {
             // Routes whose receiver is gone (a `status` read once, a subscription dropped): each
             // call left one behind, for as long as the client lived.
             routes.retain(|_, tx| !tx.is_closed());
+            if routes.contains_key(id) {
+                return Err(refused(ErrorCode::DuplicateId, format!("request {id:?} is already running")));
+            }
             routes.insert(id.to_string(), tx);
         }
         self.out.send(frame).await.map_err(|_| ClientError::Closed)?;
@@ -215,7 +224,9 @@ impl Client {
     }
 
     pub async fn cancel(&self, id: &str) -> Result<(), ClientError> {
-        self.send_frame(Frame::request(&Request::Cancel { id: id.into() })).await
+        let req = Request::Cancel { id: id.into() };
+        check(&req)?;
+        self.send_frame(Frame::request(&req)).await
     }
 
     pub async fn status(&self) -> Result<StatusReport, ClientError> {
@@ -231,4 +242,24 @@ impl Client {
             None => Err(ClientError::Closed),
         }
     }
+}
+
+fn refused(code: ErrorCode, message: String) -> ClientError {
+    ClientError::Refused { code, message }
+}
+
+/// What the daemon refuses without echoing the id (a bad `id`, or a turn's bad `session`:
+/// PROTOCOL §5): its error names no request, so it never reached the request's receiver, which
+/// waited for good (`kazeia ask --session ''`; `kazeia cancel ''` said it had cancelled).
+fn check(req: &Request) -> Result<(), ClientError> {
+    let bad = |field: &str, why: &str| Err(refused(ErrorCode::BadRequest, format!("`{field}` {why}")));
+    if let Some(why) = req.id().and_then(bad_name) {
+        return bad("id", why);
+    }
+    if let Request::Turn { session: Some(s), .. } = req {
+        if let Some(why) = bad_name(s) {
+            return bad("session", why);
+        }
+    }
+    Ok(())
 }

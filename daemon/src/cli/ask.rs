@@ -77,10 +77,7 @@ pub async fn ask(args: AskArgs) -> Exit {
         Ok(rx) => rx,
         // Over the daemon's frame limit: the question, not the daemon, is the problem.
         Err(ClientError::Frame(e)) => return usage(&printer, format!("the question is too long to send: {e}")),
-        Err(e) => {
-            printer.error(ErrorCode::Engine, e.to_string());
-            return Exit::Failed;
-        }
+        Err(e) => return super::client::not_sent(&printer, &e),
     };
     // Ctrl-C cancels the turn in the daemon, then we wait for its `done`.
     let (c2, id2) = (client.clone(), id.clone());

@@ -11,14 +11,27 @@ pub async fn connect(args: &ClientArgs, printer: &Printer) -> Option<Client> {
     match Client::connect(&path, "cli").await {
         Ok(c) => Some(c),
         Err(e) => {
-            let code = match &e {
-                ClientError::Refused { code, .. } => *code,
-                _ => ErrorCode::Engine,
-            };
-            printer.error(code, e.to_string());
+            printer.error(code_of(&e), e.to_string());
             None
         }
     }
+}
+
+/// The protocol's code for a client error: a refusal's own (the daemon's, or the client's for
+/// what the daemon would refuse), else `engine`.
+pub fn code_of(e: &ClientError) -> ErrorCode {
+    match e {
+        ClientError::Refused { code, .. } => *code,
+        _ => ErrorCode::Engine,
+    }
+}
+
+/// A request the client could not send: its error, and the exit its code calls for (a bad
+/// `--session` is a usage error).
+pub fn not_sent(printer: &Printer, e: &ClientError) -> Exit {
+    let code = code_of(e);
+    printer.error(code, e.to_string());
+    Exit::for_code(code)
 }
 
 /// Print a request's events until its final one. Audio frames go to `audio` (a turn's spoken

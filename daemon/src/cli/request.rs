@@ -27,10 +27,7 @@ pub async fn cancel(args: ClientArgs, id: String) -> Exit {
     let Some(client) = connect(&args, &printer).await else { return Exit::Failed };
     let mut rx = match client.send(Request::Cancel { id: id.clone() }).await {
         Ok(rx) => rx,
-        Err(e) => {
-            printer.error(ErrorCode::Engine, e.to_string());
-            return Exit::Failed;
-        }
+        Err(e) => return super::client::not_sent(&printer, &e),
     };
     // A cancel has no answer of its own unless it fails: a status request behind it on the same
     // connection is answered after it, so its answer means the cancel was taken.

@@ -500,6 +500,45 @@ async fn a_stopping_daemon_leaves_its_successors_socket() {
     assert!(c.status().await.is_ok());
 }
 
+/// What the daemon refuses without echoing the id (a bad `id` or `session`) is refused by the
+/// client, with the daemon's code: the daemon's error named no request, so the request's
+/// receiver waited for good. So is an id still running on this client (its route was replaced,
+/// the running turn's receiver closed, while the daemon goes on with it).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_refuses_what_the_daemon_could_not_answer_to_it() {
+    let d = Daemon::start(&config(""));
+    let c = d.client().await;
+    let long = "x".repeat(129);
+    for (id, session) in [("", None), (long.as_str(), None), ("a\tb", None), ("ok", Some("")), ("ok", Some("a\nb"))] {
+        let req = kazeia_ipc::Request::Turn {
+            id: id.into(),
+            pipeline: "chat".into(),
+            text: Some("hi".into()),
+            audio: None,
+            session: session.map(str::to_string),
+            options: TurnOptions::default(),
+        };
+        match c.send(req).await {
+            Err(ClientError::Refused { code: ErrorCode::BadRequest, .. }) => {}
+            other => panic!("{id:?} {session:?}: {other:?}"),
+        }
+    }
+    assert!(matches!(c.cancel("").await, Err(ClientError::Refused { code: ErrorCode::BadRequest, .. })));
+    let id = c.new_id();
+    let mut rx = c.turn(&id, "chat", QUESTION, TurnOptions::default()).await.unwrap();
+    match c.turn(&id, "chat", "hi", TurnOptions::default()).await {
+        Err(ClientError::Refused { code: ErrorCode::DuplicateId, .. }) => {}
+        other => panic!("a running id sent again: {other:?}"),
+    }
+    let (_, done) = finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { .. }), "the running turn kept its events: {done:?}");
+    assert!(c.status().await.is_ok());
+    match kazeia_ipc::Client::connect(&d.socket, "bad\nname").await {
+        Err(ClientError::Refused { code: ErrorCode::BadRequest, .. }) => {}
+        other => panic!("a client name no id can be made of: {:?}", other.err()),
+    }
+}
+
 #[test]
 fn systemd_socket_activation() {
     use std::os::unix::io::AsRawFd;
