@@ -63,11 +63,31 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     let error = |code, message: String| Event::error(id.clone(), code, message, true);
     let done = |stop, metrics| Event::Done { id: id.clone(), stop, metrics };
 
-    // 1. The roles, loaded under the budget (the lease already keeps them once loaded).
+    // 1. The roles, loaded under the budget (the lease already keeps them once loaded). A
+    // cancel ends the turn at once: it waited for the whole load, and for every load queued
+    // before it (PROTOCOL: within a decode step). The load goes on to its end on its own task
+    // (dropped halfway, it would leave the ledger and the role's state behind the engine), as a
+    // `load` request's would, and tells this turn no more of its progress.
     let roles = turn.pipeline.roles();
     for role in &roles {
-        if let Err(e) = sup.ensure_loaded(role, progress(out.clone(), &turn.id, role)).await {
-            return error(e.code, e.message);
+        let (sup, role, cancel) = (sup.clone(), role.clone(), turn.cancel.clone());
+        let report = progress(out.clone(), &turn.id, &role);
+        let told = cancel.clone();
+        let mut load = tokio::spawn(async move {
+            sup.ensure_loaded(&role, move |p| {
+                if !told.is_cancelled() {
+                    report(p)
+                }
+            })
+            .await
+        });
+        tokio::select! {
+            loaded = &mut load => match loaded {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return error(e.code, e.message),
+                Err(e) => return error(ErrorCode::Engine, format!("the load stopped: {e}")),
+            },
+            () = cancel.cancelled() => return done(StopReason::Cancelled, Metrics::default()),
         }
     }
     sup.touch(&roles);

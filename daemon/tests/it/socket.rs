@@ -539,6 +539,30 @@ async fn the_client_refuses_what_the_daemon_could_not_answer_to_it() {
     }
 }
 
+/// A turn cancelled while its model loads ends then (`done` `cancelled`), not once the load
+/// (and every load queued before it) is over; the load goes on to its end on its own. The turn
+/// is cancelled as it is sent: its `done` comes while its Thinker (Gemma 3 270M, ~250 MB) is
+/// still loading.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_cancelled_while_its_model_loads_ends_at_once() {
+    let text = config("").replace(&common::smollm2().display().to_string(), &common::gemma3().display().to_string());
+    let d = Daemon::start(&text);
+    let c = d.client().await;
+    let id = c.new_id();
+    let mut rx = c.turn(&id, "chat", QUESTION, TurnOptions::default()).await.unwrap();
+    c.cancel(&id).await.unwrap();
+    let (_, done) = finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { stop: StopReason::Cancelled, .. }), "{done:?}");
+    let thinker = |s: &kazeia_ipc::StatusReport| s.models.iter().find(|m| m.role == "thinker").unwrap().state;
+    let state = thinker(&c.status().await.unwrap());
+    assert_ne!(state, kazeia_ipc::ModelState::Loaded, "the turn ended only after its model's load");
+    // The load ends on its own, and the daemon serves on.
+    let mut rx = c.turn(&c.new_id(), "chat", QUESTION, TurnOptions::default()).await.unwrap();
+    let (_, done) = finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { stop: StopReason::Eos | StopReason::Length, .. }), "{done:?}");
+    assert_eq!(thinker(&c.status().await.unwrap()), kazeia_ipc::ModelState::Loaded);
+}
+
 #[test]
 fn systemd_socket_activation() {
     use std::os::unix::io::AsRawFd;
