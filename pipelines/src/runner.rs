@@ -431,11 +431,35 @@ pub async fn run_turn(
         pending_text.drain(..n);
     };
 
+    // A spoken reply with no output guard (a pipeline `[think, speak]`): its released text goes
+    // to the speaker sentence by sentence as well (the speaker speaks `sentence` events, which
+    // only the output guard's path sent: such a pipeline said nothing). `spoken`: the bytes of
+    // `released` sent so far; `end`: the last, unfinished sentence too.
+    let mut spoken = 0;
+    let speak_released = |released: &str, spoken: &mut usize, end: bool| {
+        while *spoken < released.len() {
+            let rest = &released[*spoken..];
+            let n = match first_sentence(rest) {
+                Some(n) => n,
+                None if end => rest.len(),
+                None => break,
+            };
+            if !rest[..n].trim().is_empty() {
+                emit(Event::Sentence { id: id.clone(), text: rest[..n].trim().to_string() });
+            }
+            *spoken += n;
+        }
+    };
+    let speaks_unguarded = plan.speak && output_guard.is_none();
+
     loop {
         // Unguarded output: reasoning held for the input verdict leaves once it passed.
         if input_passed && output_guard.is_none() && !cancel.is_cancelled() {
             while let Some(text) = thoughts.pop_front() {
                 emit(Event::Thinking { id: id.clone(), text });
+            }
+            if speaks_unguarded {
+                speak_released(&released, &mut spoken, false);
             }
         }
         // Feed the output guard the next sentence once the input guard passed (not after a
@@ -615,6 +639,9 @@ pub async fn run_turn(
     }
 
     let s = summary.expect("the loop ends after the Thinker finished");
+    if speaks_unguarded && input_passed && !cancel.is_cancelled() {
+        speak_released(&released, &mut spoken, true);
+    }
     // Cancelled with text still unreleased: it never leaves, and the turn says it was cut.
     let stop = if cancel.is_cancelled() { StopReason::Cancelled } else { s.stop };
     let mut metrics = s.metrics;

@@ -656,3 +656,18 @@ async fn shown_reasoning_is_judged_with_the_reasoning_before_it() {
     assert!(!tokens.contains("Paris"), "{events:?}");
     assert!(matches!(events.last(), Some(Event::Done { stop: StopReason::Blocked, .. })), "{events:?}");
 }
+
+/// A spoken reply with no output guard (`[think, speak]`) is sent to the speaker sentence by
+/// sentence too: only the output guard's path sent `sentence` events, the ones the speaker
+/// speaks, and such a pipeline said nothing.
+#[tokio::test]
+async fn an_unguarded_spoken_reply_is_spoken_sentence_by_sentence() {
+    let text = "[[stage]]\nkind = \"think\"\nrole = \"thinker\"\n[[stage]]\nkind = \"speak\"\n";
+    let pipeline = kazeia_pipelines::Pipeline::parse("v", "v.toml", text).unwrap();
+    let llm = Scripted::new(|_, _| Label::Safe).replying("Paris is the capital. It is a big city, and old");
+    let events = turn_on(&llm, &pipeline).await;
+    let (tokens, sentences, _) = released(&events);
+    assert_eq!(tokens, "Paris is the capital. It is a big city, and old");
+    assert_eq!(sentences, ["Paris is the capital.", "It is a big city, and old"], "{events:?}");
+    assert_eq!(llm.classified.load(Ordering::SeqCst), 0);
+}
