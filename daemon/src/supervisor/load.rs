@@ -22,6 +22,26 @@ impl Supervisor {
     /// Load `role` unless it is loaded; `progress` sees the load's progress. Concurrent callers
     /// for one role wait for the same load.
     pub async fn ensure_loaded(&self, role: &str, progress: impl Fn(f32) + Send + 'static) -> Result<(), LlmError> {
+        self.load_unless(role, progress, None).await
+    }
+
+    /// [`Supervisor::ensure_loaded`] for a turn: cancelled (`cancelled`) before its load began,
+    /// once it has the loads' lock, it gives up its place. A load under way goes on to its end.
+    pub async fn load_for_turn(
+        &self,
+        role: &str,
+        progress: impl Fn(f32) + Send + 'static,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<(), LlmError> {
+        self.load_unless(role, progress, Some(cancel)).await
+    }
+
+    async fn load_unless(
+        &self,
+        role: &str,
+        progress: impl Fn(f32) + Send + 'static,
+        cancel: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<(), LlmError> {
         match self.engine.info(role).map(|i| i.failed) {
             // Loaded, and no unload has begun on it (else: wait for that below, and load again).
             Some(None) if !self.unloading.lock().expect("unloading").contains(role) => return Ok(()),
@@ -38,6 +58,9 @@ impl Supervisor {
         let _one_at_a_time = self.loading.lock().await;
         if self.engine.info(role).is_some() {
             return Ok(());
+        }
+        if cancel.is_some_and(|c| c.is_cancelled()) {
+            return Err(LlmError::new(ErrorCode::Cancelled, "cancelled before its load began"));
         }
         let path = self.config.model_path(&cfg);
         // Plan before loading: the header gives the cost; the ledger says who must go.

@@ -5,7 +5,8 @@
 //! says: the roles are loaded (with progress on the turn's id), the audio heard (`listen`), the
 //! cascade run by the pipelines' runner, and the released sentences spoken (`speaker`). Every
 //! part of a turn — the blocking VAD/STT loop, the speaker — is awaited by the turn's own
-//! future, which the connection's task set (or `kazeia run`) owns: nothing outlives its turn.
+//! future, which the connection's task set (or `kazeia run`) owns: nothing outlives its turn
+//! but a load of its roles under way when it was cancelled, which ends as a `load` request's.
 //!
 //! Preemptive start (voice): when the listener has the transcript of an utterance whose end the
 //! end-of-turn model still doubts (`Heard::Early`), the cascade starts on it; its events wait
@@ -68,26 +69,35 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
     // before it (PROTOCOL: within a decode step). The load goes on to its end on its own task
     // (dropped halfway, it would leave the ledger and the role's state behind the engine), as a
     // `load` request's would, and tells this turn no more of its progress.
+    // (A load that has not begun by then does not: it gives up its place once it has the
+    // loads' lock, else turns cancelled one after another queued loads no lease bounded.)
     let roles = turn.pipeline.roles();
     for role in &roles {
         let (sup, role, cancel) = (sup.clone(), role.clone(), turn.cancel.clone());
         let report = progress(out.clone(), &turn.id, &role);
-        let told = cancel.clone();
+        // Set before the turn's `done` under the lock each progress event is sent under: none
+        // follows the final event.
+        let ended = Arc::new(std::sync::Mutex::new(false));
+        let told = ended.clone();
         let mut load = tokio::spawn(async move {
-            sup.ensure_loaded(&role, move |p| {
-                if !told.is_cancelled() {
+            let progress = move |p| {
+                if !*told.lock().unwrap_or_else(|e| e.into_inner()) {
                     report(p)
                 }
-            })
-            .await
+            };
+            sup.load_for_turn(&role, progress, &cancel).await
         });
         tokio::select! {
             loaded = &mut load => match loaded {
                 Ok(Ok(())) => {}
+                Ok(Err(e)) if e.code == ErrorCode::Cancelled => return done(StopReason::Cancelled, Metrics::default()),
                 Ok(Err(e)) => return error(e.code, e.message),
                 Err(e) => return error(ErrorCode::Engine, format!("the load stopped: {e}")),
             },
-            () = cancel.cancelled() => return done(StopReason::Cancelled, Metrics::default()),
+            () = turn.cancel.cancelled() => {
+                *ended.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                return done(StopReason::Cancelled, Metrics::default());
+            }
         }
     }
     sup.touch(&roles);
@@ -317,11 +327,13 @@ async fn flow(sup: &Arc<Supervisor>, turn: &Turn, audio: Option<AudioSource>, ou
                 // sentences were not spoken, and it did not end as written (PROTOCOL: `done`,
                 // `cancelled`; it said `eos`).
                 if let (false, Event::Done { stop, .. }) = (s.finished, &mut last) {
+                    // The runner recorded the turn in its session if it ended as written (not
+                    // cancelled, not blocked): a cancelled turn is not kept (the runner's rule),
+                    // and the user did not hear the rest. (Taken back otherwise, it erased the
+                    // session's previous turn when it asked the same.)
+                    let recorded = matches!(*stop, StopReason::Eos | StopReason::Length | StopReason::ContextFull);
                     *stop = StopReason::Cancelled;
-                    // The session recorded the whole reply when the Thinker finished: a
-                    // cancelled turn is not kept (the runner's rule), and the user did not hear
-                    // the rest.
-                    if let Some(name) = &turn.request.session {
+                    if let (true, Some(name)) = (recorded, &turn.request.session) {
                         sup.sessions.retract(&session_key(turn.who.uid, name), &asked);
                     }
                 }

@@ -530,8 +530,13 @@ async fn the_client_refuses_what_the_daemon_could_not_answer_to_it() {
         Err(ClientError::Refused { code: ErrorCode::DuplicateId, .. }) => {}
         other => panic!("a running id sent again: {other:?}"),
     }
+    // A cancel names a running request: it is sent, and the turn keeps its events to its end.
+    c.send(kazeia_ipc::Request::Cancel { id: id.clone() }).await.expect("a cancel of a running turn is sent");
     let (_, done) = finish(&mut rx).await;
-    assert!(matches!(done, Event::Done { .. }), "the running turn kept its events: {done:?}");
+    assert!(
+        matches!(done, Event::Done { stop: StopReason::Cancelled, .. }),
+        "the running turn kept its events: {done:?}"
+    );
     assert!(c.status().await.is_ok());
     match kazeia_ipc::Client::connect(&d.socket, "bad\nname").await {
         Err(ClientError::Refused { code: ErrorCode::BadRequest, .. }) => {}
@@ -545,7 +550,9 @@ async fn the_client_refuses_what_the_daemon_could_not_answer_to_it() {
 /// still loading.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_cancelled_while_its_model_loads_ends_at_once() {
-    let text = config("").replace(&common::smollm2().display().to_string(), &common::gemma3().display().to_string());
+    // (No preload: the turn's load, not the daemon's own at start.)
+    let text = config("preload = false")
+        .replace(&common::smollm2().display().to_string(), &common::gemma3().display().to_string());
     let d = Daemon::start(&text);
     let c = d.client().await;
     let id = c.new_id();

@@ -466,6 +466,36 @@ async fn barge_in_stops_the_reply() {
     assert!(c.status().await.is_ok());
 }
 
+/// A reply stopped by barge-in is not kept in its session, and takes nothing else with it: the
+/// turn before, which asked the same and was heard whole, stays. (Taking back "the latest turn
+/// that asked this" erased it, the stopped turn having recorded nothing.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_barged_in_turn_leaves_its_sessions_earlier_turns() {
+    let d = Daemon::start(&config_text());
+    let c = d.client().await;
+    let mut question = spoken("Tell me a very long story about a dragon who learns to bake bread.");
+    question.extend(vec![0.0; 12_000]);
+    // Heard whole: a short reply.
+    let short = TurnOptions { max_tokens: Some(6), ..TurnOptions::default() };
+    let (id, mut rx) = open(&c, request(&c, "voice", None, Some("s"), short)).await;
+    send_audio(&c, &id, &question, true).await;
+    let (_, done) = common::finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { stop: StopReason::Length | StopReason::Eos, .. }), "{done:?}");
+    // The same question, stopped while the Thinker writes (200 tokens).
+    let (id, mut rx) = open(&c, request(&c, "voice", None, Some("s"), TurnOptions::default())).await;
+    send_audio(&c, &id, &question, false).await;
+    until_reply_audio(&c, &id, &mut rx, "the barge-in").await;
+    send_audio(&c, &id, &spoken("Stop, stop."), true).await;
+    let (_, done) = common::finish(&mut rx).await;
+    assert!(matches!(done, Event::Done { stop: StopReason::Cancelled, .. }), "{done:?}");
+    // The session holds the first turn: a prompt longer than the same turn's in a new session.
+    let probe = |session: &str| {
+        request(&c, "chat", Some("Hi."), Some(session), TurnOptions { max_tokens: Some(1), ..TurnOptions::default() })
+    };
+    let (kept, fresh) = (prompt_tokens(&c, probe("s")).await, prompt_tokens(&c, probe("new")).await);
+    assert!(kept > fresh, "the session lost the turn heard whole: {kept} prompt tokens against {fresh}");
+}
+
 /// Stream the microphone's silence (100 ms frames) until the reply's first audio frame; the
 /// reply must not end before (`before`: what the test does next).
 async fn until_reply_audio(
