@@ -189,10 +189,13 @@ impl Client {
             // Routes whose receiver is gone (a `status` read once, a subscription dropped): each
             // call left one behind, for as long as the client lived.
             routes.retain(|_, tx| !tx.is_closed());
-            if routes.contains_key(id) {
-                return Err(refused(ErrorCode::DuplicateId, format!("request {id:?} is already running")));
+            match (routes.contains_key(id), &req) {
+                // A cancel names a running request by design: an error for it goes to that
+                // request's route (this receiver closes at once).
+                (true, Request::Cancel { .. }) => {}
+                (true, _) => return Err(refused(ErrorCode::DuplicateId, format!("request {id:?} is already running"))),
+                (false, _) => drop(routes.insert(id.to_string(), tx)),
             }
-            routes.insert(id.to_string(), tx);
         }
         self.out.send(frame).await.map_err(|_| ClientError::Closed)?;
         Ok(rx)

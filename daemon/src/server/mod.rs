@@ -162,8 +162,6 @@ async fn shutdown(
     why: &str,
 ) {
     sup.stopping.cancel();
-    // Logged once new turns are refused: whoever reads this line may rely on it.
-    tracing::info!("{why}: shutting down");
     let path = match bound {
         socket::Bound::Owned { listener, path, file } => {
             drop(listener);
@@ -174,6 +172,9 @@ async fn shutdown(
             None
         }
     };
+    // Logged once new turns are refused and the listener is closed: whoever reads this line
+    // may rely on both.
+    tracing::info!("{why}: shutting down");
     let deadline = Instant::now() + grace;
     while sup.turns_running() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -54,13 +54,16 @@ pub enum Bound {
     },
 }
 
-/// Remove the socket file at `path` if it is still the one this daemon bound (`file`). A
-/// daemon started while this one drained its last turns finds the listener gone
-/// (`ECONNREFUSED`), takes the path and binds its own socket there: removing the path at the
-/// end of the shutdown removed that one, and the new daemon served no one.
+/// Remove the socket file at `path` if it is still the one this daemon bound (`file`) and no
+/// one listens there (this daemon's listener is closed by then). A daemon started while this
+/// one drained its last turns finds the listener gone (`ECONNREFUSED`), takes the path and
+/// binds its own socket there: removing the path at the end of the shutdown removed that one,
+/// and the new daemon served no one. (The inode alone does not tell: ext4 gives a new file the
+/// number its predecessor freed.)
 pub fn remove_own(path: &Path, file: Option<(u64, u64)>) {
     let now = identity(path);
-    if now.is_some() && now == file {
+    let listened = || StdUnixStream::connect(path).is_ok();
+    if now.is_some() && now == file && !listened() {
         let _ = std::fs::remove_file(path);
     } else if now.is_some() {
         tracing::info!(path = %path.display(), "the socket path holds another daemon's socket now: left in place");
