@@ -32,6 +32,27 @@ fn loaded(sup: &Supervisor) -> Vec<String> {
     sup.status().models.into_iter().filter(|m| m.state == ModelState::Loaded).map(|m| m.role).collect()
 }
 
+impl Engine {
+    /// The uid of a method's caller, asked of the bus, if the socket would serve it (the
+    /// daemon's own user or `allow_uids`); else `AccessDenied`.
+    async fn caller(
+        &self,
+        header: &zbus::message::Header<'_>,
+        conn: &zbus::Connection,
+        method: &str,
+    ) -> zbus::fdo::Result<u32> {
+        let denied = |why: String| zbus::fdo::Error::AccessDenied(why);
+        let sender = header.sender().ok_or_else(|| denied("a call without a sender".into()))?.to_owned();
+        let uid = zbus::fdo::DBusProxy::new(conn).await?.get_connection_unix_user(sender.into()).await?;
+        let own = unsafe { libc::geteuid() };
+        if uid != own && !self.sup.config.daemon.allow_uids.contains(&uid) {
+            tracing::warn!(uid, method, "D-Bus call refused: uid not allowed");
+            return Err(denied(format!("uid {uid} may not use this daemon")));
+        }
+        Ok(uid)
+    }
+}
+
 fn level_name(sup: &Supervisor) -> String {
     format!("{:?}", sup.pressure()).to_lowercase()
 }
@@ -68,9 +89,16 @@ impl Engine {
         level_name(&self.sup)
     }
 
-    /// The same report as the socket's `status`, as JSON.
-    fn status(&self) -> String {
-        serde_json::to_string(&self.sup.status()).unwrap_or_default()
+    /// The same report as the socket's `status`, as JSON, for the users the socket serves: it
+    /// names the model files and the turns (any peer of a system bus, or of a shared one, read
+    /// it; the properties and signals say only what runs and how much memory it holds).
+    async fn status(
+        &self,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+        #[zbus(connection)] conn: &zbus::Connection,
+    ) -> zbus::fdo::Result<String> {
+        self.caller(&header, conn, "Status").await?;
+        Ok(serde_json::to_string(&self.sup.status()).unwrap_or_default())
     }
 
     /// Cancel the caller's running turns (the daemon's own user: everyone's); how many there
@@ -82,15 +110,8 @@ impl Engine {
         #[zbus(header)] header: zbus::message::Header<'_>,
         #[zbus(connection)] conn: &zbus::Connection,
     ) -> zbus::fdo::Result<u32> {
-        let denied = |why: String| zbus::fdo::Error::AccessDenied(why);
-        let sender = header.sender().ok_or_else(|| denied("a call without a sender".into()))?.to_owned();
-        let uid = zbus::fdo::DBusProxy::new(conn).await?.get_connection_unix_user(sender.into()).await?;
+        let uid = self.caller(&header, conn, "CancelAll").await?;
         let own = unsafe { libc::geteuid() };
-        let allow = &self.sup.config.daemon.allow_uids;
-        if uid != own && !allow.contains(&uid) {
-            tracing::warn!(uid, "D-Bus CancelAll refused: uid not allowed");
-            return Err(denied(format!("uid {uid} may not use this daemon")));
-        }
         let n = self.sup.cancel_of((uid != own).then_some(uid));
         tracing::info!(uid, turns = n, "D-Bus CancelAll");
         Ok(n)

@@ -172,6 +172,15 @@ async fn engine1_on_a_real_session_bus() {
         .expect("setpriv (util-linux)");
     let said = String::from_utf8_lossy(&other.stderr);
     assert!(!other.status.success() && said.contains("AccessDenied"), "{said}");
+    // Nor may it read the Status report (the model files, the turns).
+    let other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "gdbus"])
+        .args(cancel_all)
+        .args(["--method", "org.kazeia.Engine1.Status"])
+        .output()
+        .expect("setpriv (util-linux)");
+    let said = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && said.contains("AccessDenied"), "{said}");
     assert_eq!(d.client().await.status().await.unwrap().turns_running, 1);
     // The daemon's own user cancels it.
     let n = tool(
