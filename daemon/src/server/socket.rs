@@ -62,8 +62,7 @@ pub enum Bound {
 /// number its predecessor freed.)
 pub fn remove_own(path: &Path, file: Option<(u64, u64)>) {
     let now = identity(path);
-    let listened = || StdUnixStream::connect(path).is_ok();
-    if now.is_some() && now == file && !listened() {
+    if now.is_some() && now == file && StdUnixStream::connect(path).is_err() {
         let _ = std::fs::remove_file(path);
     } else if now.is_some() {
         tracing::info!(path = %path.display(), "the socket path holds another daemon's socket now: left in place");

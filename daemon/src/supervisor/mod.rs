@@ -202,3 +202,13 @@ impl Supervisor {
         mine.map(|t| t.cancel.cancel()).count() as u32
     }
 }
+
+#[cfg(test)]
+impl Supervisor {
+    /// A supervisor on the models.toml text `models_toml`, with the built-in pipelines, that has
+    /// loaded nothing (unit tests of its bookkeeping).
+    pub(crate) fn for_test(models_toml: &str) -> Arc<Supervisor> {
+        let config = Config::parse(std::path::Path::new("models.toml"), models_toml).unwrap();
+        Supervisor::new(config, Registry::builtin())
+    }
+}

@@ -526,8 +526,7 @@ mod tests {
     #[test]
     fn a_stack_being_freed_is_not_read_as_loading() {
         let text = "[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\n";
-        let config = crate::config::Config::parse(std::path::Path::new("models.toml"), text).unwrap();
-        let sup = Supervisor::new(config, kazeia_pipelines::Registry::builtin());
+        let sup = Supervisor::for_test(text);
         let stt = |sup: &Supervisor| {
             let ledger = sup.ledger.lock().unwrap();
             sup.speech_status(&ledger).into_iter().find(|r| r.role == "stt").unwrap()

@@ -216,8 +216,7 @@ mod tests {
     #[test]
     fn a_turn_over_the_uids_limit_tells_subscribers_nothing() {
         let text = "[daemon]\nmax_turns_per_uid = 1\n\n[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\n";
-        let config = crate::config::Config::parse(std::path::Path::new("models.toml"), text).unwrap();
-        let sup = Arc::new(Supervisor::new(config, kazeia_pipelines::Registry::builtin()));
+        let sup = Supervisor::for_test(text);
         let conn = CancellationToken::new();
         let request = |id: &str| TurnRequest {
             id: id.into(),

@@ -440,8 +440,7 @@ async fn barge_in_stops_the_reply() {
     let c = d.client().await;
     let interruption = spoken("Stop, stop.");
     let (id, mut rx) = start(&c, "voice").await;
-    let mut question = spoken("Tell me a very long story about a dragon who learns to bake bread.");
-    question.extend(vec![0.0; 12_000]);
+    let question = long_story_question();
     send_audio(&c, &id, &question, false).await;
     // Wait until the reply is under way (its first audio frame), streaming "microphone" silence.
     until_reply_audio(&c, &id, &mut rx, "the barge-in").await;
@@ -473,8 +472,7 @@ async fn barge_in_stops_the_reply() {
 async fn a_barged_in_turn_leaves_its_sessions_earlier_turns() {
     let d = Daemon::start(&config_text());
     let c = d.client().await;
-    let mut question = spoken("Tell me a very long story about a dragon who learns to bake bread.");
-    question.extend(vec![0.0; 12_000]);
+    let question = long_story_question();
     // Heard whole: a short reply.
     let short = TurnOptions { max_tokens: Some(6), ..TurnOptions::default() };
     let (id, mut rx) = open(&c, request(&c, "voice", None, Some("s"), short)).await;
@@ -494,6 +492,14 @@ async fn a_barged_in_turn_leaves_its_sessions_earlier_turns() {
     };
     let (kept, fresh) = (prompt_tokens(&c, probe("s")).await, prompt_tokens(&c, probe("new")).await);
     assert!(kept > fresh, "the session lost the turn heard whole: {kept} prompt tokens against {fresh}");
+}
+
+/// A question whose reply is long (200 tokens, spoken for tens of seconds), then 0.75 s of
+/// silence: the barge-in tests speak during that reply.
+fn long_story_question() -> Vec<f32> {
+    let mut question = spoken("Tell me a very long story about a dragon who learns to bake bread.");
+    question.extend(vec![0.0; 12_000]);
+    question
 }
 
 /// Stream the microphone's silence (100 ms frames) until the reply's first audio frame; the
@@ -529,8 +535,7 @@ async fn a_cough_during_the_reply_does_not_stop_it() {
     let c = d.client().await;
     let (id, mut rx) = start(&c, "voice").await;
     // A long reply (~200 tokens, spoken for tens of seconds): the cough falls inside it.
-    let mut question = spoken("Tell me a very long story about a dragon who learns to bake bread.");
-    question.extend(vec![0.0; 12_000]);
+    let question = long_story_question();
     send_audio(&c, &id, &question, false).await;
     until_reply_audio(&c, &id, &mut rx, "the cough").await;
     let t = Instant::now();
