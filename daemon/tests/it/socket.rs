@@ -441,13 +441,19 @@ async fn sigterm_during_a_turn() {
     let mut rx = c.turn(&id, "chat", LONG, TurnOptions { max_tokens: Some(2000), ..long_opts() }).await.unwrap();
     while !matches!(rx.recv().await, Some(Incoming::Event(Event::Token { .. }))) {}
     d.signal(libc::SIGTERM);
-    // New work on an open connection is refused while the running turn gets its grace time
+    // New turns on an open connection are refused while the running turn gets its grace time
     // (the daemon logs this once it refuses new turns).
     tokio::task::block_in_place(|| d.wait_log("SIGTERM: shutting down"));
     let mut refused = c.turn(&c.new_id(), "chat", "hi", TurnOptions::default()).await.unwrap();
     match refused.recv().await {
         Some(Incoming::Event(Event::Error { code, .. })) => assert_eq!(code, ErrorCode::ShuttingDown),
         other => panic!("expected shutting_down, got {other:?}"),
+    }
+    // So is a load: the models are about to be unloaded, and it held the shutdown.
+    let load = kazeia_ipc::Request::Load { id: c.new_id(), role: "thinker".into() };
+    match c.send(load).await.unwrap().recv().await {
+        Some(Incoming::Event(Event::Error { code, .. })) => assert_eq!(code, ErrorCode::ShuttingDown),
+        other => panic!("expected shutting_down for a load, got {other:?}"),
     }
     // The long turn cannot finish in the 1 s grace: it is cancelled, and says so.
     let (_, done) = finish(&mut rx).await;

@@ -29,6 +29,11 @@ fn admit(c: &mut Conn, id: &str) -> Option<DropGuard> {
 }
 
 pub fn load(c: &mut Conn, id: String, role: String) {
+    // A stopping daemon unloads every model: a load begun in its grace time was wasted work
+    // that held the shutdown (the connection's tasks are awaited) for as long as it took.
+    if c.sup.stopping.is_cancelled() {
+        return c.out.error(Some(id), ErrorCode::ShuttingDown, "the daemon is shutting down");
+    }
     let Some(ended) = admit(c, &id) else { return };
     let (sup, out) = (c.sup.clone(), c.out.clone());
     c.tasks.spawn(async move {
