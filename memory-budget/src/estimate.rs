@@ -198,6 +198,7 @@ impl Shape {
         let v_len = maybe("attention.value_length")?.unwrap_or(n_embd / n_head);
         let n_vocab = match h.get("tokenizer.ggml.tokens") {
             Some(Value::Array(t)) => t.len() as u64,
+            Some(Value::LongArray { len }) => *len,
             _ => h
                 .tensors
                 .iter()

@@ -42,6 +42,12 @@ pub enum Value {
     Bool(bool),
     Str(String),
     Array(Vec<Value>),
+    /// An array of more than [`KEPT_ITEMS`] items (a tokenizer's vocabulary, scores, merges):
+    /// read through and checked, but only its length kept. Kept whole, every item took a 32-byte
+    /// `Value`: a 256 MiB file of one byte array asked 8 GiB of a 16 GB device at every load.
+    LongArray {
+        len: u64,
+    },
 }
 
 impl Value {
@@ -201,6 +207,9 @@ impl GgufHeader {
 
 const MAX_STRING: u64 = 64 << 20;
 const MAX_ARRAY: u64 = 1 << 28;
+/// The longest array kept item by item: per-layer values (at most `MAX_LAYERS`) and other small
+/// arrays are; the estimate needs only the length of longer ones.
+pub const KEPT_ITEMS: u64 = 1 << 16;
 const MAX_DIMS: u32 = 8;
 
 struct Reader<R> {
@@ -239,9 +248,7 @@ impl<R: Read> Reader<R> {
 
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
         let len = self.u64(what)?;
-        if len > MAX_STRING || self.pos + len > self.file_size {
-            return Err(self.malformed_or_truncated(what, len));
-        }
+        self.check_len(what, len, MAX_STRING)?;
         let mut buf = vec![0u8; len as usize];
         self.inner.read_exact(&mut buf).map_err(|_| self.err_eof(what))?;
         self.pos += len;
@@ -249,11 +256,31 @@ impl<R: Read> Reader<R> {
             .map_err(|_| GgufError::Malformed { path: self.path.clone(), what: format!("{what} is not UTF-8") })
     }
 
-    fn malformed_or_truncated(&self, what: &str, len: u64) -> GgufError {
-        if self.pos + len > self.file_size && len <= MAX_STRING {
-            self.err_eof(what)
-        } else {
-            GgufError::Malformed { path: self.path.clone(), what: format!("{what}: length {len} is not plausible") }
+    /// A length of `len` bytes or items (each at least a byte) read next: over `max`, not
+    /// plausible; past the end of the file, truncated. Added in u64 only once `len` is
+    /// plausible (a length of u64::MAX overflowed the sum: a panic in a debug build).
+    fn check_len(&self, what: &str, len: u64, max: u64) -> Result<(), GgufError> {
+        if len > max {
+            return Err(GgufError::Malformed {
+                path: self.path.clone(),
+                what: format!("{what}: length {len} is not plausible"),
+            });
+        }
+        match self.pos.checked_add(len) {
+            Some(end) if end <= self.file_size => Ok(()),
+            _ => Err(self.err_eof(what)),
+        }
+    }
+
+    /// Read past `n` bytes.
+    fn skip(&mut self, n: u64, what: &str) -> Result<(), GgufError> {
+        match io::copy(&mut (&mut self.inner).take(n), &mut io::sink()) {
+            Ok(k) if k == n => {
+                self.pos += n;
+                Ok(())
+            }
+            Ok(_) => Err(self.err_eof(what)),
+            Err(source) => Err(GgufError::Io { path: self.path.clone(), source }),
         }
     }
 
@@ -279,10 +306,29 @@ impl<R: Read> Reader<R> {
                     });
                 }
                 let len = self.u64(what)?;
-                if len > MAX_ARRAY || self.pos + len > self.file_size {
-                    return Err(self.malformed_or_truncated(what, len));
+                self.check_len(what, len, MAX_ARRAY)?;
+                if len > KEPT_ITEMS {
+                    // Items of a fixed size are skipped at once; strings one by one (each has
+                    // its length), and any other type is checked by reading its first item.
+                    match fixed_size(item_ty) {
+                        Some(size) => {
+                            self.check_len(what, len * size, MAX_ARRAY * 8)?;
+                            self.skip(len * size, what)?;
+                        }
+                        None if item_ty == 8 => {
+                            for _ in 0..len {
+                                let n = self.u64(what)?;
+                                self.check_len(what, n, MAX_STRING)?;
+                                self.skip(n, what)?;
+                            }
+                        }
+                        None => {
+                            self.value(item_ty, what)?;
+                        }
+                    }
+                    return Ok(Value::LongArray { len });
                 }
-                let mut items = Vec::with_capacity(len.min(1 << 16) as usize);
+                let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     items.push(self.value(item_ty, what)?);
                 }
@@ -298,6 +344,17 @@ impl<R: Read> Reader<R> {
                 })
             }
         })
+    }
+}
+
+/// The bytes of one item of a fixed-size value type (None: a string, an array, or unknown).
+fn fixed_size(ty: u32) -> Option<u64> {
+    match ty {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
     }
 }
 
@@ -541,6 +598,46 @@ mod tests {
         flat.extend_from_slice(&[7, 0, 0, 0, 9, 0, 0, 0]);
         let h = read_header(gguf(&[("flat", 9, flat)], &[], 0).path()).unwrap();
         assert_eq!(h.get("flat"), Some(&Value::Array(vec![Value::U32(7), Value::U32(9)])));
+    }
+
+    /// A length of u64::MAX is not plausible, for a string or an array: checked against the
+    /// file's size first, it overflowed the sum (a panic in a debug build).
+    #[test]
+    fn lengths_near_u64_max_are_refused() {
+        malformed(&gguf(&[("k", 8, u64::MAX.to_le_bytes().to_vec())], &[], 0), "not plausible");
+        let mut array = 4u32.to_le_bytes().to_vec();
+        array.extend_from_slice(&u64::MAX.to_le_bytes());
+        malformed(&gguf(&[("k", 9, array)], &[], 0), "not plausible");
+    }
+
+    /// A long array (a vocabulary) keeps its length, not its items: each item was a 32-byte
+    /// `Value`, 32 times the file's bytes for an array of bytes. Its items are still read
+    /// through: one past the file's end is a truncated header.
+    #[test]
+    fn long_arrays_keep_their_length_only() {
+        let n = KEPT_ITEMS + 1;
+        let array = |ty: u32, items: &[u8]| {
+            let mut a = ty.to_le_bytes().to_vec();
+            a.extend_from_slice(&n.to_le_bytes());
+            a.extend_from_slice(items);
+            a
+        };
+        let bytes = array(0, &vec![7u8; n as usize]);
+        let word = |w: &str| [(w.len() as u64).to_le_bytes().as_slice(), w.as_bytes()].concat();
+        let strings = array(8, &(0..n).flat_map(|_| word("tok")).collect::<Vec<_>>());
+        let h = read_header(gguf(&[("b", 9, bytes), ("tokenizer.ggml.tokens", 9, strings.clone())], &[], 0).path())
+            .unwrap();
+        assert_eq!(h.get("b"), Some(&Value::LongArray { len: n }));
+        assert_eq!(h.get("tokenizer.ggml.tokens"), Some(&Value::LongArray { len: n }));
+        // Ten strings short (more than the helper's alignment padding): past the file's end.
+        let short = &strings[..strings.len() - 10 * word("tok").len()];
+        let e = read_header(gguf(&[("tokenizer.ggml.tokens", 9, short.to_vec())], &[], 0).path()).unwrap_err();
+        assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
+        // A string in the array with a length past the file.
+        let mut bad = array(8, &word("tok"));
+        bad.extend_from_slice(&(1u64 << 20).to_le_bytes());
+        let e = read_header(gguf(&[("t", 9, bad)], &[], 0).path()).unwrap_err();
+        assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
     }
 
     /// Sizes that overflow u64 are refused: dims 2^32 x 2^32 wrapped to 0 elements in a release
