@@ -86,6 +86,21 @@ impl Ledger {
         priority: u32,
         in_use: impl Fn(&str) -> bool,
     ) -> Result<Vec<String>, Refusal> {
+        self.admit_as(role, |_| need, priority, in_use)
+    }
+
+    /// [`Ledger::admit`] for a load whose need depends on who stays resident: a model file's
+    /// weights are counted unless a role still holds them (`need(ledger)` with the ledger as it
+    /// would be after the victims so far). With a fixed need, evicting the last holder of the
+    /// file being loaded freed its weights and counted them free, though the load needs them
+    /// again: the idle guard was unloaded for a Thinker on its file, then the Thinker refused.
+    pub fn admit_as(
+        &self,
+        role: &str,
+        need: impl Fn(&Ledger) -> u64,
+        priority: u32,
+        in_use: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, Refusal> {
         let mut free = self.budget.saturating_sub(self.used());
         let mut victims: Vec<String> = Vec::new();
         let mut candidates: Vec<&Entry> =
@@ -97,13 +112,14 @@ impl Ledger {
         // none, freed only its own, so the weights were never counted free (a false refusal).
         let mut after = self.clone();
         for c in candidates {
-            if free >= need {
+            if free >= need(&after) {
                 break;
             }
             victims.push(c.role.clone());
             after.remove(&c.role);
             free = self.budget.saturating_sub(after.used());
         }
+        let need = need(&after);
         if free >= need {
             return Ok(victims);
         }
@@ -238,6 +254,24 @@ mod tests {
         assert_eq!(l.admit("new", 650, 30, |r| r == "sharer").unwrap(), ["holder"]);
         let r = l.admit("new", 700, 30, |r| r == "sharer").unwrap_err();
         assert_eq!((r.free, r.missing), (650, 50), "{r}");
+    }
+
+    /// A load of a file whose only holder is a candidate: evicting that holder frees the weights
+    /// the load needs again, so they are not counted free. It evicted the idle guard for a
+    /// Thinker on the guard's file, then refused the Thinker all the same.
+    #[test]
+    fn evicting_the_holder_of_the_file_being_loaded_frees_nothing_for_it() {
+        let mut l = Ledger::new(80);
+        l.insert("x", "b.gguf", 10, 0, 20, None);
+        l.insert("guard", "a.gguf", 10, 50, 5, None);
+        // The Thinker on a.gguf: its context (12), plus the weights if nobody holds them.
+        let need = |l: &Ledger| 12 + if l.holds_file("a.gguf") { 0 } else { 50 };
+        let r = l.admit_as("thinker", need, 100, |r| r == "x").unwrap_err();
+        assert_eq!((r.need, r.free, r.missing), (62, 60, 2), "{r}");
+        // Once x may go, it goes, and the guard stays: the Thinker shares its weights.
+        assert_eq!(l.admit_as("thinker", need, 100, |_| false).unwrap(), ["x"]);
+        // A load of another file still frees the guard's weights and context.
+        assert_eq!(l.admit_as("new", |_| 60, 100, |r| r == "x").unwrap(), ["guard"]);
     }
 
     #[test]

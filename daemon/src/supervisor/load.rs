@@ -82,8 +82,8 @@ impl Supervisor {
         for round in 0.. {
             let victims = {
                 let mut ledger = self.ledger.lock().expect("ledger");
-                let need = est.cost(ledger.holds_file(&file));
-                let victims = ledger.admit(role, need, cfg.priority, |r| self.in_use(r)).map_err(|refusal| {
+                let need = |l: &kazeia_memory_budget::Ledger| est.cost(l.holds_file(&file));
+                let victims = ledger.admit_as(role, need, cfg.priority, |r| self.in_use(r)).map_err(|refusal| {
                     tracing::warn!("refused to load {role}: {refusal}");
                     LlmError::new(ErrorCode::OverBudget, refusal.to_string())
                 })?;

@@ -145,9 +145,12 @@ impl Supervisor {
     }
 
     /// A role that must stay loaded: a turn holds it or the engine has work for it.
-    fn in_use(&self, role: &str) -> bool {
-        // The speech stack is never evicted by a language model's load (only `unload stt`).
-        role == "speech" || self.leased(role) > 0 || self.engine.pending(role).unwrap_or(0) > 0
+    pub(crate) fn in_use(&self, role: &str) -> bool {
+        // A ledger entry that is no language model's (the speech stack, a voice reserved apart,
+        // `speech:tts-fr`) is never evicted by a language model's load (only `unload stt`): the
+        // engine cannot unload it. Offered as a victim, a voice stayed reserved while the idle
+        // guard beside it was unloaded for nothing, and the load was refused anyway.
+        self.config.model(role).is_err() || self.leased(role) > 0 || self.engine.pending(role).unwrap_or(0) > 0
     }
 
     pub fn next_conn_id(&self) -> u64 {

@@ -544,4 +544,25 @@ mod tests {
         drop(held);
         assert_eq!(stt(&sup).state, ModelState::Unloaded);
     }
+
+    /// A voice reserved apart (a reply in another language) is no victim of a language model's
+    /// load: the engine cannot unload it, so the load evicted the idle guard beside it and was
+    /// refused anyway, naming the voice as evicted three times.
+    #[test]
+    fn a_voice_reserved_apart_is_never_a_language_models_victim() {
+        let text = "[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\npriority = 100\n\n\
+                    [[model]]\nrole = \"guard\"\nfile = \"g.gguf\"\npriority = 90\n";
+        let sup = Supervisor::for_test(text);
+        let mut ledger = sup.ledger.lock().unwrap();
+        ledger.insert("guard", "g.gguf", 90, 100, 10, None);
+        ledger.insert(&voice_entry("fr"), "fr.onnx", 95, 0, 200, None);
+        let free = ledger.budget.saturating_sub(ledger.used());
+        let need = free + 150;
+        let r = ledger.admit("thinker", need, 100, |r| sup.in_use(r)).unwrap_err();
+        assert!(r.resident.contains("speech:tts-fr 0.0 MiB (priority 95, in use)"), "{r}");
+        // Room once the guard goes: it alone is evicted.
+        let need = free + 100;
+        assert_eq!(ledger.admit("thinker", need, 100, |r| sup.in_use(r)).unwrap(), ["guard"]);
+        assert!(sup.in_use("speech") && !sup.in_use("guard"));
+    }
 }
