@@ -117,7 +117,9 @@ pub fn plan(config: &Config) -> Result<Plan, String> {
     }
     // Speech (ONNX): file size × the factor measured per kind (memory-budget/src/onnx.rs).
     models.extend(speech_plans(config));
-    let total_bytes = models.iter().map(|m| m.total_bytes).sum();
+    // Saturating, as each estimate is (over any budget, never wrapped under it): a header's
+    // saturated estimate plus a speech row wrapped to a small total that "fit".
+    let total_bytes = models.iter().map(|m| m.total_bytes).fold(0, u64::saturating_add);
     let budget_bytes = config.budget.budget_bytes();
     Ok(Plan { budget_bytes, total_bytes, fits: total_bytes <= budget_bytes, models })
 }
@@ -251,7 +253,7 @@ pub fn print(p: &Plan) {
                 "",
                 m.checkpoints,
                 mib(m.checkpoint_bytes),
-                mib(m.checkpoints * m.checkpoint_bytes)
+                mib(m.checkpoints.saturating_mul(m.checkpoint_bytes))
             );
         }
         if let Some(n) = &m.note {

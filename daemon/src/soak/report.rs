@@ -144,10 +144,25 @@ fn judge_windows(v: &mut Verdict, early: &[Sample], late: &[Sample], max_drift: 
     };
     v.rss_drift = drift(|s| s.rss_bytes);
     v.anon_drift = drift(|s| s.anon_bytes);
+    // Anonymous memory's growth in units of the early RSS: a leak on the heap while file pages
+    // (mapped weights, libraries) are reclaimed keeps RSS flat, and was printed, never judged.
+    // Relative to RSS, not to itself: with mapped weights the anonymous part is small, and a
+    // few MiB of it were tens of percent.
+    let rss_early = quartiles(early.iter().map(|s| s.rss_bytes).collect()).0 as f64;
+    let anon = |w: &[Sample]| quartiles(w.iter().map(|s| s.anon_bytes).collect()).0 as f64;
+    let anon_growth = (anon(late) - anon(early)) / rss_early.max(1.0);
     if v.rss_drift > max_drift {
         v.failures.push(format!(
             "RSS drifted by {:+.2}% between the early and the late {} samples (limit {:.0}%)",
             v.rss_drift * 100.0,
+            early.len(),
+            max_drift * 100.0
+        ));
+    } else if anon_growth > max_drift {
+        v.failures.push(format!(
+            "anonymous memory grew by {:.2}% of the early RSS between the early and the late {} samples \
+             (limit {:.0}%), though RSS stayed within it",
+            anon_growth * 100.0,
             early.len(),
             max_drift * 100.0
         ));
@@ -212,6 +227,23 @@ mod tests {
         });
         let v = judge(&s, 2000 * MIB, 0.1, 0.02);
         assert!(v.rss_drift > 0.03 && !v.passed(), "{v:?}");
+    }
+
+    /// A heap leak while file pages are reclaimed: RSS flat, RssAnon rising by 5% of it.
+    #[test]
+    fn anonymous_memory_rising_under_a_flat_rss_fails() {
+        let mut s = run(400, |_| (500_000_000, 20, 9));
+        for (i, x) in s.iter_mut().enumerate() {
+            x.anon_bytes = 100_000_000 + i as u64 * 62_500;
+        }
+        let v = judge(&s, 1_000_000_000, 0.1, 0.02);
+        assert!(v.rss_drift.abs() < 0.001 && v.failures.len() == 1, "{v:?}");
+        assert!(v.failures[0].contains("anonymous memory grew"), "{v:?}");
+        // The same few MiB of a small anonymous part, then steady: within the limit of RSS.
+        for (i, x) in s.iter_mut().enumerate() {
+            x.anon_bytes = 20_000_000 + (i as u64).min(100) * 50_000;
+        }
+        assert!(judge(&s, 1_000_000_000, 0.1, 0.02).passed());
     }
 
     #[test]
