@@ -449,7 +449,7 @@ impl Whisper {
                     break;
                 }
                 out.push(tok);
-                if looping(&out) || out.len() >= MAX_TOKENS {
+                if cut_loop(&mut out) || out.len() >= MAX_TOKENS {
                     break;
                 }
                 match guess.get(row + 1 - feed.len()) {
@@ -538,8 +538,8 @@ fn guess<'h>(hint: &'h [u32], out: &[u32], max: usize) -> &'h [u32] {
 /// ("oume-oume-oume-…", three tokens a turn, ran to the 220-token cap on an espeak-ng clip
 /// before; the old check caught only runs of 1, 2 or 4 tokens). Speech says a word four
 /// times over more rarely than a decoder loops.
-fn looping(out: &[u32]) -> bool {
-    (1..=8).any(|p| {
+fn looping(out: &[u32]) -> Option<usize> {
+    (1..=8).find(|&p| {
         out.len() >= 4 * p && {
             let last = &out[out.len() - p..];
             (2..=4).all(|k| &out[out.len() - k * p..out.len() - (k - 1) * p] == last)
@@ -547,19 +547,37 @@ fn looping(out: &[u32]) -> bool {
     })
 }
 
+/// A loop at the end of `out` ends the decoding with one turn of it kept: the repeats are the
+/// decoder's, not speech (they went to the Thinker as "oume-oume-oume-oume").
+fn cut_loop(out: &mut Vec<u32>) -> bool {
+    let Some(p) = looping(out) else { return false };
+    out.truncate(out.len() - 3 * p);
+    true
+}
+
 #[cfg(test)]
 mod tests {
-    use super::looping;
+    use super::{cut_loop, looping};
+
+    #[test]
+    fn a_loop_keeps_one_turn() {
+        let mut out = vec![9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3];
+        assert!(cut_loop(&mut out));
+        assert_eq!(out, [9, 1, 2, 3]);
+        let mut out = vec![9, 1, 2, 3, 1, 2, 3];
+        assert!(!cut_loop(&mut out));
+        assert_eq!(out.len(), 7);
+    }
 
     #[test]
     fn loops_of_any_short_period_are_caught() {
-        assert!(looping(&[9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]));
-        assert!(looping(&[5, 5, 5, 5]));
-        assert!(looping(&[1, 2, 3, 4, 5, 6, 7, 8].repeat(4)));
+        assert_eq!(looping(&[9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]), Some(3));
+        assert_eq!(looping(&[5, 5, 5, 5]), Some(1));
+        assert_eq!(looping(&[1, 2, 3, 4, 5, 6, 7, 8].repeat(4)), Some(8));
         // Three times is not a loop yet; nor is a longer period, or a changed turn.
-        assert!(!looping(&[1, 2, 3, 1, 2, 3, 1, 2, 3]));
-        assert!(!looping(&(1..=9).collect::<Vec<u32>>().repeat(4)));
-        assert!(!looping(&[1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3]));
-        assert!(!looping(&[]));
+        assert_eq!(looping(&[1, 2, 3, 1, 2, 3, 1, 2, 3]), None);
+        assert_eq!(looping(&(1..=9).collect::<Vec<u32>>().repeat(4)), None);
+        assert_eq!(looping(&[1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3]), None);
+        assert_eq!(looping(&[]), None);
     }
 }
