@@ -174,8 +174,11 @@ async fn transcribe_and_voice_over_the_socket() {
     // sentence's synthesis, and what the user waited in all.
     eprintln!("voice turn metrics: {metrics:?}");
     let wait = metrics.speech_end_to_audio_ms.expect("speech_end_to_audio_ms");
-    let stages = [metrics.end_of_turn_ms, metrics.stt_ms, metrics.tts_first_ms];
+    let stages = [metrics.end_of_turn_ms, metrics.tts_first_ms];
     assert!(stages.iter().all(|m| m.is_some_and(|v| v > 0.0 && v < wait)), "{metrics:?}");
+    // Whisper's tail: 0 when the draft begun at the pause was done before the turn's end was
+    // decided (the model doubted and was asked again meanwhile), which is what drafts are for.
+    assert!(metrics.stt_ms.is_some_and(|v| v >= 0.0 && v < wait), "{metrics:?}");
     assert!(metrics.turn_checks >= Some(1), "the end-of-turn model was asked: {metrics:?}");
     // The end of the turn counts the verdict that ended it on top of the pause (200 ms, the
     // default `turn_pause`): no audio is heard while the model runs, and the wait once left it
