@@ -61,10 +61,25 @@ struct PiperInference {
 /// found by fuzzing; Debian patched its 1.51 in 2023), and the text is a model's output: a
 /// crash there would take the daemon down with it, here it is one failed sentence.
 fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError> {
-    use std::io::Write;
+    run_espeak(std::ffi::OsStr::new("espeak-ng"), args, text, ESPEAK_DEADLINE)
+}
+
+/// The longest one espeak-ng run may take (a run takes ~7 ms a clause here). It runs while the
+/// speaker holds its voice and the decodes wait for speech: a run that never ended (the
+/// component the fuzzers found bugs in) held that voice for good, and the turn, which no cancel
+/// ended, with it.
+const ESPEAK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn run_espeak(
+    program: &std::ffi::OsStr,
+    args: &[&str],
+    text: &str,
+    deadline: std::time::Duration,
+) -> Result<std::process::Output, SpeechError> {
+    use std::io::{Read, Write};
     use std::process::Stdio;
     let run = |e: std::io::Error| SpeechError::Run(format!("espeak-ng: {e} (Debian: apt install espeak-ng)"));
-    let mut child = Command::new("espeak-ng")
+    let mut child = Command::new(program)
         .args(args)
         .arg("--stdin")
         .stdin(Stdio::piped())
@@ -76,8 +91,35 @@ fn espeak(args: &[&str], text: &str) -> Result<std::process::Output, SpeechError
     let mut stdin = child.stdin.take().expect("piped stdin");
     let input = speakable(text);
     let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let out = child.wait_with_output().map_err(run)?;
+    // Its output read on threads until it closes them (it exits), waited for up to `deadline`.
+    let (done, ended) = std::sync::mpsc::channel();
+    let read = |mut pipe: Box<dyn Read + Send>, done: std::sync::mpsc::Sender<()>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = pipe.read_to_end(&mut buf);
+            let _ = done.send(());
+            buf
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().expect("piped stdout")), done.clone());
+    let stderr = read(Box::new(child.stderr.take().expect("piped stderr")), done);
+    let start = std::time::Instant::now();
+    for _ in 0..2 {
+        let left = deadline.saturating_sub(start.elapsed());
+        if ended.recv_timeout(left).is_err() {
+            // Not reaped yet: the pid is still this child's.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SpeechError::Run(format!("espeak-ng: no answer in {} s: stopped", deadline.as_secs_f64())));
+        }
+    }
+    let status = child.wait().map_err(run)?;
     let _ = writer.join();
+    let out = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
     if !out.status.success() {
         return Err(SpeechError::Run(format!("espeak-ng: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
@@ -551,6 +593,21 @@ impl Voice for Espeak {
 
 #[cfg(test)]
 mod tests {
+    /// An espeak-ng run that never ends is stopped at its deadline; one that ends is read
+    /// whole, and one that fails says why. (`sh -c` stands for espeak-ng: `--stdin` is its $1.)
+    #[test]
+    fn an_espeak_run_that_never_ends_is_stopped() {
+        let sh = std::ffi::OsStr::new("sh");
+        let deadline = std::time::Duration::from_millis(300);
+        let t = std::time::Instant::now();
+        let e = super::run_espeak(sh, &["-c", "exec sleep 60", "sh"], "hi", deadline).unwrap_err();
+        assert!(e.to_string().contains("no answer") && t.elapsed().as_secs() < 30, "{e}");
+        let out = super::run_espeak(sh, &["-c", "cat", "sh"], "- hello\u{1}", deadline).unwrap();
+        assert_eq!(out.stdout, b"- hello ");
+        let e = super::run_espeak(sh, &["-c", "echo broken >&2; exit 3", "sh"], "hi", deadline).unwrap_err();
+        assert!(e.to_string().contains("broken"), "{e}");
+    }
+
     /// A run per clause; runs never pass the cap but for a lone word; clauses stay whole when
     /// they fit; nothing is lost or reordered.
     #[test]
