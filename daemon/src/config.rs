@@ -615,6 +615,30 @@ fn key_offset(text: &str, key: &str, section: &str) -> Option<usize> {
     from
 }
 
+/// Role names that the speech stack's parts and ledger entries take (see `Config::parse`).
+const RESERVED_ROLES: [&str; 4] = ["speech", "stt", "vad", "turn"];
+
+/// llama.cpp's GGML_MAX_N_THREADS.
+const MAX_THREADS: u32 = 512;
+
+/// The offset of the line that sets `key` in the model whose `[[model]]` header is at `start`:
+/// its own lines and its sub-tables' (`[model.sampling]`), up to the next other table.
+fn model_key_offset(text: &str, start: usize, key: &str) -> Option<usize> {
+    let start = text[..start.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let mut at = start;
+    for (i, line) in text[start..].split_inclusive('\n').enumerate() {
+        let rest = line.trim_start();
+        if i > 0 && rest.starts_with('[') && !rest.starts_with("[model.") {
+            return None;
+        }
+        if rest.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('=')) {
+            return Some(at + (line.len() - rest.len()));
+        }
+        at += line.len();
+    }
+    None
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
 }
@@ -648,7 +672,11 @@ impl Config {
         };
         let mut models: Vec<ModelConfig> = Vec::new();
         for spanned in raw.models {
-            let line = line_of(text, spanned.span().start);
+            let start = spanned.span().start;
+            let line = line_of(text, start);
+            // The line that sets `key` in this model's tables (its `[model.sampling]` included),
+            // else its `[[model]]` header's.
+            let key_line = |key: &str| line_of(text, model_key_offset(text, start, key).unwrap_or(start));
             let m = spanned.into_inner();
             let role = &m.role;
             if models.iter().any(|o| &o.role == role) {
@@ -657,40 +685,56 @@ impl Config {
             if m.role.is_empty() {
                 return Err(invalid(line, "key `role`: must not be empty".into()));
             }
+            // The ledger books the speech stack as `speech` (a voice as `speech:tts-fr`) and
+            // `load`, `unload`, `status` name its parts `stt`, `vad`, `turn`, `tts-<lang>`: a model
+            // of one of these roles overwrote the speech stack's reservation (600 MiB counted free
+            // while in use), or could never be loaded by name.
+            if RESERVED_ROLES.contains(&role.as_str()) || role.starts_with("tts-") || role.contains(':') {
+                return Err(invalid(
+                    key_line("role"),
+                    format!("key `role`: {role:?} names the speech stack (`speech`, `stt`, `vad`, `turn`, `tts-…`, or a `:`): give the model another role"),
+                ));
+            }
             if m.n_ubatch > m.n_batch {
                 return Err(invalid(
-                    line,
+                    key_line("n_ubatch"),
                     format!("model {role:?}: key `n_ubatch` ({}) must be <= n_batch ({})", m.n_ubatch, m.n_batch),
                 ));
             }
             // n_ubatch 0 made every prefill one token a call, and the plan count no compute buffer.
-            if m.n_batch == 0 || m.n_ubatch == 0 || m.n_ctx < 16 || m.threads == 0 {
-                return Err(invalid(
-                    line,
-                    format!(
-                        "model {role:?}: keys `n_ctx`, `n_batch`, `n_ubatch`, `threads` must be positive (n_ctx >= 16)"
-                    ),
-                ));
+            // Threads past llama.cpp's GGML_MAX_N_THREADS (512) crashed the process (100,000: a
+            // segfault; 20,000: the compute thread's stack overflowed) or hung it (5,000).
+            for (key, bad, what) in [
+                ("n_ctx", m.n_ctx < 16, "at least 16"),
+                ("n_batch", m.n_batch == 0, "at least 1"),
+                ("n_ubatch", m.n_ubatch == 0, "at least 1"),
+                ("threads", !(1..=MAX_THREADS).contains(&m.threads), "in 1..=512"),
+            ] {
+                if bad {
+                    return Err(invalid(key_line(key), format!("model {role:?}: key `{key}` must be {what}")));
+                }
             }
             if m.type_v != kazeia_memory_budget::KvType::F16 && m.flash_attn == FlashAttn::Off {
                 return Err(invalid(
-                    line,
+                    key_line("type_v"),
                     format!("model {role:?}: key `type_v`: a quantized V cache needs flash attention (flash_attn = \"auto\" or \"on\")"),
                 ));
             }
-            let sampling_ok = kazeia_engine::params::TEMPERATURES.contains(&m.sampling.temperature)
-                && (0.0..=1.0).contains(&m.sampling.top_p)
-                && (0.0..=1.0).contains(&m.sampling.min_p)
-                && m.sampling.repeat_penalty > 0.0
-                && m.sampling.repeat_penalty <= 10.0;
-            if !sampling_ok {
-                // A repeat penalty of 0 made every repeated token's logit infinite.
-                return Err(invalid(
-                    line,
-                    format!(
-                        "model {role:?}: key `sampling`: temperature must be in 0..=5, top_p and min_p in 0..=1, repeat_penalty in (0, 10]"
-                    ),
-                ));
+            let sm = &m.sampling;
+            // A repeat penalty of 0 made every repeated token's logit infinite; `max_tokens = 0`
+            // generated a token all the same (the CLI and the protocol refuse 0); -1, llama.cpp's
+            // "the whole context" for `repeat_last_n`, turned the penalty off here.
+            for (key, bad, what) in [
+                ("temperature", !kazeia_engine::params::TEMPERATURES.contains(&sm.temperature), "in 0..=5"),
+                ("top_p", !(0.0..=1.0).contains(&sm.top_p), "in 0..=1"),
+                ("min_p", !(0.0..=1.0).contains(&sm.min_p), "in 0..=1"),
+                ("repeat_penalty", !(sm.repeat_penalty > 0.0 && sm.repeat_penalty <= 10.0), "in (0, 10]"),
+                ("repeat_last_n", sm.repeat_last_n < 0, "a count of tokens, 0 or more (0: no penalty)"),
+                ("max_tokens", sm.max_tokens == 0, "at least 1"),
+            ] {
+                if bad {
+                    return Err(invalid(key_line(key), format!("model {role:?}: key `sampling.{key}` must be {what}")));
+                }
             }
             models.push(m);
         }
@@ -743,11 +787,38 @@ impl Config {
                 format!("[speech]: key `{key}`: {l:?} is not a Whisper language code (`fr`, `en`, …; `language` may be \"auto\")"),
             ));
         }
+        // Keys that are languages: "french" passed, and the French user got the English refusal
+        // and the default voice. The line is the key's own, in its table.
+        let language_keys = std::iter::once(("default_language", "[speech", sp.default_language.as_str()))
+            .chain(sp.voices.keys().map(|k| (k.as_str(), "[speech.voices", k.as_str())))
+            .chain(raw.guard.refusals.keys().map(|k| (k.as_str(), "[guard.refusals", k.as_str())))
+            .chain(
+                raw.guard
+                    .category_refusals
+                    .values()
+                    .flat_map(|m| m.keys())
+                    .map(|k| (k.as_str(), "[guard.category_refusals", k.as_str())),
+            );
+        for (key, section, l) in language_keys {
+            if !code(&l.to_string()) {
+                return Err(invalid(
+                    key_line(key, section),
+                    format!("{}]: key `{key}`: {l:?} is not a language code (`fr`, `en`, …)", &section[1..]),
+                ));
+            }
+        }
         let written = sp.cut_languages.iter().flatten();
         if let Some(l) = written.into_iter().find(|l| !code(l) || !sp.speaks(l)) {
             return Err(invalid(
                 key_line("cut_languages", "[speech"),
                 format!("[speech]: key `cut_languages`: {l:?} is not a language code in `languages` or `language`"),
+            ));
+        }
+        // ONNX Runtime's intra-op threads: 100,000 hung a transcription (0 is taken as 1).
+        if sp.threads > MAX_THREADS as usize {
+            return Err(invalid(
+                key_line("threads", "[speech"),
+                format!("[speech]: key `threads` must be at most {MAX_THREADS}"),
             ));
         }
         if !(0.0..1.0).contains(&sp.vad_quiet) {
@@ -856,13 +927,36 @@ mod tests {
 
     #[test]
     fn sampling_values_that_cannot_work_are_refused() {
-        for bad in ["temperature = 6.0", "top_p = 1.5", "min_p = -0.1", "repeat_penalty = 0.0", "repeat_penalty = -1.0"]
-        {
-            let text = format!("[[model]]\nrole = \"t\"\nfile = \"a\"\n[model.sampling]\n{bad}\n");
+        for bad in [
+            "temperature = 6.0",
+            "top_p = 1.5",
+            "min_p = -0.1",
+            "repeat_penalty = 0.0",
+            "repeat_penalty = -1.0",
+            "max_tokens = 0",
+            "repeat_last_n = -1",
+        ] {
+            // The line that sets the key, after another model's same key.
+            let text = format!(
+                "[[model]]\nrole = \"g\"\nfile = \"a\"\n[model.sampling]\nseed = 1\n\n\
+                 [[model]]\nrole = \"t\"\nfile = \"a\"\n[model.sampling]\nseed = 2\n{bad}\n"
+            );
+            let key = bad.split(' ').next().unwrap();
             let e = parse(&text).unwrap_err().to_string();
-            assert!(e.starts_with("models.toml:") && e.contains("sampling"), "{bad}: {e}");
+            assert!(e.starts_with("models.toml:12:") && e.contains(&format!("sampling.{key}")), "{bad}: {e}");
         }
         parse("[[model]]\nrole = \"t\"\nfile = \"a\"\n[model.sampling]\nrepeat_penalty = 1.1\n").unwrap();
+    }
+
+    /// Roles the speech stack's parts and ledger entries take are no model's: a model `speech`
+    /// overwrote the stack's reservation in the ledger.
+    #[test]
+    fn the_speech_stacks_names_are_no_models_role() {
+        for role in ["speech", "stt", "vad", "turn", "tts-fr", "speech:tts-fr", "a:b"] {
+            let e = parse(&format!("[[model]]\nfile = \"a\"\nrole = \"{role}\"\n")).unwrap_err().to_string();
+            assert!(e.starts_with("models.toml:3:") && e.contains("role"), "{role}: {e}");
+        }
+        parse("[[model]]\nfile = \"a\"\nrole = \"speechless\"\n").unwrap();
     }
 
     #[test]
@@ -872,7 +966,7 @@ mod tests {
         let e = parse("\n\n[[model]]\nrole = \"t\"\nfile = \"a\"\nn_batch = 128\nn_ubatch = 256\n")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("models.toml:3:") && e.contains("n_ubatch"), "{e}");
+        assert!(e.starts_with("models.toml:7:") && e.contains("n_ubatch"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\nbackend = \"gpu\"\n").unwrap_err().to_string();
         assert!(e.starts_with("models.toml:4:") && e.contains("gpu"), "{e}");
         let e = parse("[[model]]\nrole = \"t\"\nfile = \"a\"\nkeep_alive = \"soon\"\n").unwrap_err().to_string();
@@ -913,7 +1007,15 @@ mod tests {
     fn values_that_cannot_work_are_refused() {
         let model = "[[model]]\nrole = \"t\"\nfile = \"a\"\n";
         for (extra, line, key) in [
-            ("n_ubatch = 0\n", 1, "n_ubatch"),
+            ("n_ubatch = 0\n", 4, "n_ubatch"),
+            ("n_ctx = 8\n", 4, "n_ctx"),
+            ("threads = 513\n", 4, "threads"),
+            ("threads = 0\n", 4, "threads"),
+            ("[speech]\nthreads = 100000\n", 5, "threads"),
+            ("[speech]\ndefault_language = \"french\"\n", 5, "default_language"),
+            ("[speech.voices]\nfr = \"espeak:fr\"\nfrench = \"espeak:fr\"\n", 6, "french"),
+            ("[guard.refusals]\nen = \"No.\"\nfrench = \"Non.\"\n", 6, "french"),
+            ("[guard.category_refusals.PII]\nen = \"No.\"\nEnglish = \"No.\"\n", 6, "English"),
             ("[daemon]\nmax_turns_per_uid = 0\n", 5, "max_turns_per_uid"),
             ("[daemon]\nmax_connections_per_uid = 0\n", 5, "max_connections_per_uid"),
             ("[daemon]\nqueue_per_model = 0\n", 5, "queue_per_model"),
@@ -956,7 +1058,7 @@ mod tests {
         let p = c.model("thinker").unwrap().context_params();
         assert_eq!((p.type_k, p.type_v), (kazeia_memory_budget::KvType::Q8_0, kazeia_memory_budget::KvType::Q4_0));
         let e = parse(&format!("{m}flash_attn = \"off\"\n")).unwrap_err().to_string();
-        assert!(e.contains("models.toml:1") && e.contains("type_v") && e.contains("flash attention"), "{e}");
+        assert!(e.contains("models.toml:5:") && e.contains("type_v") && e.contains("flash attention"), "{e}");
         let e = parse("[[model]]\nrole = \"thinker\"\nfile = \"m.gguf\"\ntype_k = \"q2\"\n").unwrap_err().to_string();
         assert!(e.contains("type_k"), "{e}");
     }
