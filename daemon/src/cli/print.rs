@@ -15,10 +15,25 @@ use kazeia_pipelines::Plan;
 /// Exit code when stdout was closed before the command was done: 128 + SIGPIPE.
 pub const EXIT_CLOSED_STDOUT: i32 = 141;
 
+/// Text for a terminal: control characters other than a line break and a tab become U+FFFD.
+/// Replies, reasoning, transcripts, model file names and the daemon's messages are printed as
+/// they come, and a model's byte-level tokenizer writes ESC as readily as any byte: a reply
+/// holding `ESC]0;…BEL` or `ESC[2J` retitled or cleared the user's terminal (OSC 52 writes its
+/// clipboard on some). `--json` escapes them already.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(text.chars().map(|c| if bad(c) { '\u{fffd}' } else { c }).collect())
+}
+
 /// Write to stdout and flush; a closed stdout ends the process quietly (see the module's doc).
+/// Through [`shown`]: everything a command prints goes through here or [`note`].
 pub fn out(args: std::fmt::Arguments) {
+    let text = args.to_string();
     let mut o = std::io::stdout().lock();
-    if let Err(e) = o.write_fmt(args).and_then(|()| o.flush()) {
+    if let Err(e) = o.write_all(shown(&text).as_bytes()).and_then(|()| o.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(EXIT_CLOSED_STDOUT);
         }
@@ -27,7 +42,7 @@ pub fn out(args: std::fmt::Arguments) {
 
 /// A note for the person at the terminal (stderr); a closed stderr loses it, nothing else.
 pub fn note(args: std::fmt::Arguments) {
-    let _ = writeln!(std::io::stderr().lock(), "{args}");
+    let _ = writeln!(std::io::stderr().lock(), "{}", shown(&args.to_string()));
 }
 
 /// `println!` through [`out`].
@@ -113,7 +128,7 @@ impl Printer {
             // Reasoning (asked for with --show-thinking) is not the answer: stderr, as it comes.
             Event::Thinking { text, .. } => {
                 self.thinking_open.store(true, std::sync::atomic::Ordering::Relaxed);
-                let _ = write!(std::io::stderr().lock(), "{text}");
+                let _ = write!(std::io::stderr().lock(), "{}", shown(text));
             }
             Event::Verdict { stage, label, categories, ms, .. } if self.verdict_out => {
                 let cats = if categories.is_empty() { String::new() } else { format!(" ({})", categories.join(", ")) };
@@ -225,5 +240,14 @@ pub fn status(s: &kazeia_ipc::StatusReport) {
         if let Some(e) = &m.error {
             outln!("{:<10} {:<9} {:<6} {:>9} {:>5}  error: {e}", "", "", "", "", "");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_are_not_shown() {
+        assert_eq!(super::shown("Paris.\u{1b}]0;x\u{7}\u{9b}2J\r"), "Paris.\u{fffd}]0;x\u{fffd}\u{fffd}2J\u{fffd}");
+        assert!(matches!(super::shown("deux lignes\n\tet une tabulation, « é »"), std::borrow::Cow::Borrowed(_)));
     }
 }

@@ -43,7 +43,21 @@ pub async fn cancel(args: ClientArgs, id: String) -> Exit {
             printer.event(&ev);
             Exit::Failed
         }
-        _ = st.recv() => {
+        answer = st.recv() => {
+            // A connection closed before the status came (a daemon stopping or gone) says
+            // nothing of the cancel: it printed "cancelled" and exited 0.
+            match answer {
+                None => {
+                    let msg = "the daemon closed the connection before it answered: the cancel may not have been taken";
+                    printer.error(ErrorCode::Engine, msg.into());
+                    return Exit::Failed;
+                }
+                Some(Incoming::Event(ev @ Event::Error { .. })) => {
+                    printer.event(&ev);
+                    return Exit::Failed;
+                }
+                Some(_) => {}
+            }
             // An error for the cancel, if any, was sent before the status: it is here by now.
             if let Ok(Incoming::Event(ev @ Event::Error { .. })) = rx.try_recv() {
                 printer.event(&ev);

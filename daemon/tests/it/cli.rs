@@ -62,6 +62,64 @@ fn bad_config_and_unknown_pipeline_are_error_events() {
     assert!(out.contains("tools/fetch-models"), "a missing model says how to get it: {out}");
 }
 
+/// Text mode prints no control character but line breaks and tabs, whatever it prints: a
+/// model file's name here (a reply, a transcript or a daemon's message would do the same), with
+/// the escapes that clear a terminal and retitle it. `--json` keeps it, escaped.
+#[test]
+fn text_mode_prints_no_terminal_escapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("escapes.toml");
+    std::fs::write(
+        &cfg,
+        "[[model]]\nrole = \"thinker\"\nfile = \"/nonexistent/\\u001b[2J\\u001b]0;PWNED\\u0007.gguf\"\n",
+    )
+    .unwrap();
+    let (code, out, err) = kazeia(&["run", "chat", "--text", "hi", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!out.contains('\u{1b}') && !err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    assert!(err.contains("\u{fffd}[2J\u{fffd}]0;PWNED\u{fffd}.gguf"), "{err:?}");
+    let (_, out, _) = kazeia(&["run", "chat", "--text", "hi", "--json", "--config", cfg.to_str().unwrap()]);
+    assert!(out.contains("\\u001b[2J"), "{out}");
+}
+
+/// `kazeia cancel` against a daemon that closes the connection before it answers (one stopping,
+/// or gone): the cancel may not have been taken, and the command says so. It printed
+/// "cancelled" and exited 0.
+#[test]
+fn cancel_with_no_answer_is_a_failure() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut frame = || {
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).ok()?;
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            s.read_exact(&mut body).ok()?;
+            Some((s.try_clone().unwrap(), serde_json::from_slice::<serde_json::Value>(&body[1..]).unwrap()))
+        };
+        let (mut w, hello) = frame().expect("hello");
+        assert_eq!(hello["type"], "hello");
+        let welcome = br#"{"type":"welcome","protocol":1,"server":"fake","capabilities":[],"limits":{"max_frame":1048576,"queue_per_model":8,"connection_buffer":1024}}"#;
+        let mut f = ((welcome.len() + 1) as u32).to_be_bytes().to_vec();
+        f.push(1);
+        f.extend_from_slice(welcome);
+        w.write_all(&f).unwrap();
+        // The cancel, then the status behind it: the connection closes unanswered.
+        while let Some((_, req)) = frame() {
+            if req["type"] == "status" {
+                return;
+            }
+        }
+    });
+    let (code, out, err) = kazeia(&["cancel", "--socket", path.to_str().unwrap(), "some-id"]);
+    fake.join().unwrap();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("closed the connection") && !err.contains("cancelled some-id"), "{err}");
+}
+
 /// `kazeia run` goes through a supervisor of its own: a model over the budget is refused before
 /// it loads, with the daemon's code and listing.
 #[test]
