@@ -607,12 +607,18 @@ fn key_offset(text: &str, key: &str, section: &str) -> Option<usize> {
     let mut at = from.unwrap_or(0);
     for line in text[at..].split_inclusive('\n') {
         let rest = line.trim_start();
-        if rest.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('=')) {
+        if sets(rest, key) {
             return Some(at + (line.len() - rest.len()));
         }
         at += line.len();
     }
     from
+}
+
+/// Whether a line (its indentation trimmed) sets `key`: `key = …`, not a comment that names it
+/// nor a longer key that starts with it.
+fn sets(line: &str, key: &str) -> bool {
+    line.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('='))
 }
 
 /// Role names that the speech stack's parts and ledger entries take (see `Config::parse`).
@@ -631,7 +637,7 @@ fn model_key_offset(text: &str, start: usize, key: &str) -> Option<usize> {
         if i > 0 && rest.starts_with('[') && !rest.starts_with("[model.") {
             return None;
         }
-        if rest.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('=')) {
+        if sets(rest, key) {
             return Some(at + (line.len() - rest.len()));
         }
         at += line.len();
