@@ -19,6 +19,14 @@ use crate::supervisor::Supervisor;
 /// The rate of the closing frame when nothing was spoken (the Piper voices' rate).
 const DEFAULT_RATE: u32 = 22_050;
 
+/// Audio sent and not yet played (counted from the first frame at the pace of playback) past
+/// which a sentence is synthesised without holding the decodes: speech first is for what the
+/// listener waits for, not for a backlog. Every sentence held them, one after another, so a
+/// `speak` of a long text stalled every other client's turns for the minutes its synthesis
+/// took (each decode waiting for the sentence being synthesised). 3 s: a sentence of a few
+/// seconds of audio is synthesised in ~0.3 s alone, in up to ~2.3 s beside two roles' decodes.
+const AHEAD_S: f64 = 3.0;
+
 pub struct Speaker {
     tx: mpsc::Sender<String>,
     handle: tokio::task::JoinHandle<Result<Spoken, SpeechError>>,
@@ -71,14 +79,20 @@ fn speak(
     let frame =
         |rate, last, pcm| Frame::Audio(AudioFrame { id: id.to_string(), sample_rate: rate, channels: 1, last, pcm });
     let mut spoken = Spoken { finished: false, first_audio: None };
+    // Seconds of audio sent.
+    let mut sent_s = 0.0;
     for sentence in sentences {
         if cancel.is_cancelled() {
             return Ok(spoken);
         }
         let arrived = Instant::now();
         // Speech first: no decode starts while the sentence is synthesised (see SpeechHold),
-        // nor since its check passed (the unit handed to speech, see RolePause).
+        // nor since its check passed (the unit handed to speech, see RolePause); unless the
+        // listener has `AHEAD_S` of audio still to play: then the speaker only takes the unit
+        // handed to it (its hold ends at once, and the handoff's with it).
+        let ahead = spoken.first_audio.map_or(0.0, |(at, _)| sent_s - at.elapsed().as_secs_f64());
         let hold = kazeia_engine::SpeechHold::speak();
+        let hold = (ahead < AHEAD_S).then_some(hold);
         // Clause by clause, piece by piece: each piece's frames leave as soon as it is
         // synthesised, while the next one is.
         let mut audio_s = 0.0;
@@ -102,6 +116,7 @@ fn speak(
             true
         })?;
         drop(hold);
+        sent_s += audio_s;
         tracing::debug!(chars = sentence.len(), ms = arrived.elapsed().as_secs_f64() * 1e3, audio_s, "synthesised");
         if cancel.is_cancelled() {
             return Ok(spoken);

@@ -230,6 +230,65 @@ async fn transcribe_and_voice_over_the_socket() {
     assert!(wer(REPORT, &said) <= 0.25, "{said:?}");
 }
 
+/// A long `speak` holds no other client's decodes once its listener has seconds of audio to
+/// play: every sentence held them, one after another, for the minutes the synthesis took, and
+/// a chat turn beside it waited for each sentence being synthesised, decode by decode. Read in
+/// the engine's trace of each decode (`held_ms`: the wait for speech before it ran).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_speak_does_not_hold_other_turns() {
+    let d =
+        Daemon::start_with_env(&config_text(), &[("RUST_LOG", "info,kazeia_engine::compute=trace,llama_cpp_2=warn")]);
+    let speaking = d.client().await;
+    let id = speaking.new_id();
+    let text = [REPORT; 40].join(" ");
+    let turn = Request::Turn {
+        id: id.clone(),
+        pipeline: "speak".into(),
+        text: Some(text),
+        audio: None,
+        session: None,
+        options: TurnOptions::default(),
+    };
+    let mut rx = speaking.send(turn).await.unwrap();
+    // Five seconds of audio sent, far ahead of its playback (synthesis is ~10 times faster).
+    let mut heard_s = 0.0;
+    while heard_s < 5.0 {
+        match rx.recv().await.expect("open") {
+            Incoming::Audio(a) => heard_s += a.pcm.len() as f64 / 2.0 / f64::from(a.sample_rate),
+            Incoming::Event(Event::Done { .. } | Event::Error { .. }) => panic!("the speak turn ended early"),
+            Incoming::Event(_) => {}
+        }
+    }
+    let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let mark = d.log().len();
+    let c = d.client().await;
+    let opts = TurnOptions { max_tokens: Some(8), temperature: Some(0.0), ..TurnOptions::default() };
+    let mut chat = c.turn(&c.new_id(), "chat", "Say hi.", opts).await.unwrap();
+    let generated = loop {
+        match chat.recv().await.expect("open") {
+            Incoming::Event(Event::Done { metrics, .. }) => break metrics.generated_tokens,
+            Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+            _ => {}
+        }
+    };
+    // The Thinker's decodes of the chat turn (the speak turn decodes none): a prefill and a
+    // call per token after the first.
+    let held = || -> Vec<f64> {
+        d.log()[mark..]
+            .lines()
+            .filter(|l| l.contains("decoded") && l.contains("role=\"thinker\""))
+            .filter_map(|l| l.split("held_ms=").nth(1)?.split(' ').next()?.parse().ok())
+            .collect()
+    };
+    tokio::task::block_in_place(|| {
+        common::wait_until("the chat's decodes in the log", || held().len() >= generated as usize, || d.log())
+    });
+    let held = held();
+    assert!(held.iter().all(|&ms| ms < 20.0), "decodes waited for the speaker (ms): {held:?}");
+    speaking.cancel(&id).await.unwrap();
+    drain.await.unwrap();
+}
+
 /// Round trips of `status` until `done()` says the work ended: each one's time, and how many
 /// were answered while `during(status)` held.
 async fn status_during(
