@@ -89,12 +89,21 @@ impl Draft {
         self.ready.is_none()
     }
 
-    /// Wait for the transcript.
-    pub fn wait(mut self) -> Drafted {
-        match self.ready.take() {
-            Some(r) => r,
-            None => {
-                self.result.recv().unwrap_or_else(|_| Err(SpeechError::Run("the draft transcription stopped".into())))
+    /// Wait for the transcript, unless `cancelled` says the turn ended first (None: the draft
+    /// is then stopped, inside the encoder too, as it is dropped). Waited for whole, a long
+    /// utterance's draft held a cancelled turn for seconds, its leases with it.
+    pub fn wait_until(mut self, cancelled: impl Fn() -> bool) -> Option<Drafted> {
+        if let Some(r) = self.ready.take() {
+            return Some(r);
+        }
+        loop {
+            match self.result.recv_timeout(std::time::Duration::from_millis(10)) {
+                Ok(r) => return Some(r),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Some(Err(SpeechError::Run("the draft transcription stopped".into())))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if cancelled() => return None,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
         }
     }

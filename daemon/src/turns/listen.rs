@@ -261,7 +261,18 @@ fn transcribe(
     };
     let language = language(sup);
     let start = Instant::now();
-    let mut stt = stack.stt.lock().expect("stt");
+    // The transcriber may be another turn's (a draft of a long utterance: seconds): a cancel
+    // ends the wait for it, as it ends the transcription itself (`transcribe`'s check).
+    let mut stt = loop {
+        match stack.stt.try_lock() {
+            Ok(stt) => break stt,
+            Err(std::sync::TryLockError::WouldBlock) if cancel.is_cancelled() => {
+                return Heard::Failed(ErrorCode::Cancelled, "cancelled".into())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(5)),
+            Err(std::sync::TryLockError::Poisoned(p)) => panic!("stt: {p}"),
+        }
+    };
     let speech = match speech {
         Some(s) => s,
         None => match stt.vad.segments(samples) {
@@ -650,7 +661,13 @@ fn listen(
     let drafted = match draft.take() {
         Some(d) if segment_end && !spoke_since_draft => {
             let decided = Instant::now();
-            match d.wait() {
+            tracing::debug!(covers = d.covers, "the turn ended: waiting for the draft begun at the pause");
+            let Some(drafted) = d.wait_until(|| turn.is_cancelled() || stop.is_cancelled()) else {
+                tracing::debug!("cancelled while the draft transcription ran: stopped");
+                let _ = heard.send(Heard::Failed(ErrorCode::Cancelled, "cancelled".into()));
+                return;
+            };
+            match drafted {
                 Ok((t, ready)) => {
                     let stt_ms = ready.saturating_duration_since(decided).as_secs_f64() * 1e3;
                     log_transcribed(&t, "draft", stt_ms);

@@ -289,6 +289,46 @@ async fn a_long_speak_does_not_hold_other_turns() {
     drain.await.unwrap();
 }
 
+/// A turn cancelled while the draft begun at its pause transcribes it ends at once: the draft
+/// is stopped, not waited for (seconds, for a long utterance, with the turn's leases held).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_cancelled_while_its_draft_runs_stops_it() {
+    // No end-of-turn model: the turn ends at the VAD's 400 ms of silence, 336 ms after the
+    // draft of the whole utterance began (`draft_ahead`), and that draft takes ~1.3 s.
+    let text = config_text().replace("[speech]\n", "[speech]\nturn = \"\"\n");
+    let log = "info,kazeia_daemon::turns=debug,llama_cpp_2=warn,llama-cpp-2=warn";
+    let d = Daemon::start_with_env(&text, &[("RUST_LOG", log)]);
+    let c = d.client().await;
+    // ~50 s of speech (two Whisper windows, ~130 tokens), then a second of silence.
+    let mut utterance: Vec<f32> = (0..16).flat_map(|_| spoken(REPORT)).collect();
+    utterance.extend(vec![0.0; 16_000]);
+    let req = request(&c, "transcribe", None, None, TurnOptions::default());
+    let Request::Turn { id, .. } = &req else { unreachable!() };
+    let id = id.clone();
+    let mut rx = c.send(req).await.unwrap();
+    // In bursts of 10 s, each heard long before the next (the VAD runs ~50 times faster than
+    // real time): the listener's ring holds 20 s, and a frame that finds it full is dropped.
+    for burst in utterance.chunks(160_000) {
+        send_audio(&c, &id, burst, false).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let waiting = "waiting for the draft begun at the pause";
+    tokio::task::block_in_place(|| common::wait_until("the turn's end", || d.log().contains(waiting), || d.log()));
+    c.cancel(&id).await.unwrap();
+    loop {
+        match rx.recv().await.expect("open") {
+            Incoming::Event(Event::Done { stop, .. }) => break assert_eq!(stop, StopReason::Cancelled),
+            Incoming::Event(Event::Transcript { is_final: true, text, .. }) => {
+                panic!("a transcript after the cancel: {text}")
+            }
+            Incoming::Event(Event::Error { message, .. }) => panic!("{message}"),
+            _ => {}
+        }
+    }
+    let log = d.log();
+    assert!(log.contains("cancelled while the draft transcription ran") && log.contains("draft stopped"), "{log}");
+}
+
 /// Round trips of `status` until `done()` says the work ended: each one's time, and how many
 /// were answered while `during(status)` held.
 async fn status_during(
