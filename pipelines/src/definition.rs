@@ -180,6 +180,8 @@ impl Pipeline {
 #[derive(Debug, Clone)]
 pub struct Registry {
     pipelines: BTreeMap<String, Pipeline>,
+    /// The pipelines read from files: name → file.
+    files: BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -193,7 +195,7 @@ impl Registry {
                 (name.to_string(), p)
             })
             .collect();
-        Registry { pipelines }
+        Registry { pipelines, files: BTreeMap::new() }
     }
 
     /// The built-ins plus every `*.toml` in `dir` (a file replaces the built-in of its name).
@@ -209,10 +211,28 @@ impl Registry {
             let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
                 return Err(PipelineError::Invalid { file, message: "the file name is not UTF-8".into() });
             };
-            let text = std::fs::read_to_string(&path).map_err(|source| PipelineError::File { file, source })?;
-            reg.pipelines.insert(name.clone(), Pipeline::parse(&name, &path.display().to_string(), &text)?);
+            let text =
+                std::fs::read_to_string(&path).map_err(|source| PipelineError::File { file: file.clone(), source })?;
+            reg.pipelines.insert(name.clone(), Pipeline::parse(&name, &file, &text)?);
+            reg.files.insert(name, file);
         }
         Ok(reg)
+    }
+
+    /// Every role a pipeline file names is one `is_role` knows (the model set's): a typo
+    /// (`thinkr`) was found only when a user's turn on that pipeline failed, `no_model`, with the
+    /// daemon up and serving. The built-ins are not checked: a model set may leave out a role
+    /// they name (no guard), and their turns say so.
+    pub fn check_roles(&self, is_role: impl Fn(&str) -> bool, roles: &str) -> Result<(), PipelineError> {
+        for (name, file) in &self.files {
+            if let Some(role) = self.pipelines[name].roles().into_iter().find(|r| !is_role(r)) {
+                return Err(PipelineError::Invalid {
+                    file: file.clone(),
+                    message: format!("role {role:?} is no model's in the model set (its roles: {roles})"),
+                });
+            }
+        }
+        Ok(())
     }
 
     pub fn get(&self, name: &str) -> Result<&Pipeline, PipelineError> {
@@ -249,6 +269,21 @@ mod tests {
         let out_first = "[[stage]]\nkind = \"guard\"\nrole = \"g\"\ncheck = \"output\"\n[[stage]]\nkind = \"think\"\nrole = \"t\"\n";
         let e = Pipeline::parse("x", "x.toml", out_first).unwrap_err().to_string();
         assert!(e.contains("[guard input] then [think]"), "{e}");
+    }
+
+    /// A pipeline file's roles are the model set's; the built-ins' need not be.
+    #[test]
+    fn a_files_roles_are_checked() {
+        let dir = std::env::temp_dir().join(format!("kazeia-pipeline-roles-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("typo.toml"), "[[stage]]\nkind = \"think\"\nrole = \"thinkr\"\n").unwrap();
+        let reg = Registry::with_dir(&dir).unwrap();
+        let e = reg.check_roles(|r| r == "thinker", "thinker").unwrap_err().to_string();
+        assert!(e.contains("typo.toml") && e.contains("\"thinkr\"") && e.contains("its roles: thinker"), "{e}");
+        reg.check_roles(|r| r == "thinker" || r == "thinkr", "thinker, thinkr").unwrap();
+        // `guarded-chat` names a guard this set has not.
+        Registry::builtin().check_roles(|r| r == "thinker", "thinker").unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A pipeline file that cannot be read is named (the error named only its directory).

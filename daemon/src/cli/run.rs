@@ -41,7 +41,7 @@ pub async fn run(mut args: RunArgs) -> Exit {
         }
         config.speech.language = lang.clone();
     }
-    let registry = match super::serve::registry(&args.common) {
+    let registry = match super::serve::registry(&args.common, &config) {
         Ok(r) => r,
         Err(e) => {
             printer.error(ErrorCode::Pipeline, e.to_string());

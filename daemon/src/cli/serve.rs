@@ -13,7 +13,7 @@ pub async fn serve(args: ServeArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    let registry = match registry(&args.common) {
+    let registry = match registry(&args.common, &config) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("kazeia serve: {e}");
@@ -29,10 +29,13 @@ pub async fn serve(args: ServeArgs) -> Exit {
     }
 }
 
-/// The built-in pipelines, plus `--pipelines DIR`.
-pub fn registry(common: &super::CommonArgs) -> Result<Registry, kazeia_pipelines::PipelineError> {
-    match &common.pipelines {
-        Some(dir) => Registry::with_dir(dir),
-        None => Ok(Registry::builtin()),
-    }
+/// The built-in pipelines, plus `--pipelines DIR`, whose files name only roles of `config`.
+pub fn registry(common: &super::CommonArgs, config: &Config) -> Result<Registry, kazeia_pipelines::PipelineError> {
+    let registry = match &common.pipelines {
+        Some(dir) => Registry::with_dir(dir)?,
+        None => Registry::builtin(),
+    };
+    let roles = config.models.iter().map(|m| m.role.as_str()).collect::<Vec<_>>().join(", ");
+    registry.check_roles(|r| config.model(r).is_ok(), &roles)?;
+    Ok(registry)
 }

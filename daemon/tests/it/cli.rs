@@ -82,6 +82,24 @@ fn text_mode_prints_no_terminal_escapes() {
     assert!(out.contains("\\u001b[2J"), "{out}");
 }
 
+/// A pipeline file naming a role the model set has not (a typo) is refused before anything
+/// runs, by `run` and by `serve` (which started, and failed each turn on that pipeline).
+#[test]
+fn a_pipeline_file_with_an_unknown_role_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("typo.toml"), "[[stage]]\nkind = \"think\"\nrole = \"thinkr\"\n").unwrap();
+    let pipelines = dir.path().to_str().unwrap();
+    let (code, out, _) = kazeia(&["run", "typo", "--pipelines", pipelines, "--text", "hi", "--json"]);
+    assert_eq!(code, 2, "{out}");
+    let ev: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(ev["code"], "pipeline");
+    assert!(ev["message"].as_str().unwrap().contains("typo.toml") && out.contains("thinkr"), "{out}");
+    let socket = dir.path().join("s.sock");
+    let (code, _, err) = kazeia(&["serve", "--pipelines", pipelines, "--socket", socket.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("thinkr") && !socket.exists(), "{err}");
+}
+
 /// `kazeia cancel` against a daemon that closes the connection before it answers (one stopping,
 /// or gone): the cancel may not have been taken, and the command says so. It printed
 /// "cancelled" and exited 0.
