@@ -1,7 +1,8 @@
 //! `kazeia ask`: one turn through the daemon, streamed; Ctrl-C cancels it there.
 //!
 //! Text from the argument (`-`: stdin) or a WAV streamed as audio frames (`--audio`, 100 ms per
-//! frame, as fast as the socket takes them or at recording pace with `--realtime`); the spoken
+//! frame: the first 15 s at once, the rest at recording pace; all at that pace with
+//! `--realtime`); the spoken
 //! reply, if any, written to `--out`. Everything is checked before the daemon is asked: the
 //! question, the audio file, that `--out` can be written.
 
@@ -140,12 +141,20 @@ fn usage(printer: &Printer, m: String) -> Exit {
     Exit::Usage
 }
 
-/// Send `samples` (16 kHz mono) as 100 ms audio frames, the last one flagged.
+/// Frames sent at once before the rest follows at the recording's pace: 15 s. The daemon keeps
+/// 20 s of audio in flight for a turn and drops what finds that full (`busy`, audio overrun): a
+/// 42 s recording sent as fast as the socket took it lost most of its words, and the command
+/// exited 0. (An utterance is at most `max_utterance`, 60 s by default.)
+const AHEAD_FRAMES: usize = 150;
+
+/// Send `samples` (16 kHz mono) as 100 ms audio frames, the last one flagged: the first
+/// [`AHEAD_FRAMES`] at once (none with `realtime`), the rest at the recording's pace.
 async fn stream(client: Arc<kazeia_ipc::Client>, id: String, samples: Arc<Vec<f32>>, realtime: bool) {
     let chunks: Vec<&[f32]> = samples.chunks(FRAME).collect();
     let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let paced_from = if realtime { 0 } else { AHEAD_FRAMES };
     for (i, chunk) in chunks.iter().enumerate() {
-        if realtime {
+        if i >= paced_from {
             pace.tick().await;
         }
         let frame = AudioFrame {

@@ -35,7 +35,9 @@ pub fn not_sent(printer: &Printer, e: &ClientError) -> Exit {
 }
 
 /// Print a request's events until its final one. Audio frames go to `audio` (a turn's spoken
-/// reply).
+/// reply). An error that was not final (audio dropped, a frame refused) makes the exit code
+/// its own even when the request then ends well: `ask --audio` whose audio the daemon dropped
+/// exited 0 with the transcript of what was left.
 pub async fn follow(
     printer: &Printer,
     mut rx: mpsc::UnboundedReceiver<Incoming>,
@@ -43,16 +45,19 @@ pub async fn follow(
     mut on_event: impl FnMut(&Event),
     mut audio: impl FnMut(kazeia_ipc::AudioFrame),
 ) -> Exit {
+    let mut failed: Option<ErrorCode> = None;
     while let Some(item) = rx.recv().await {
         match item {
             Incoming::Event(ev) => {
                 printer.event(&ev);
                 on_event(&ev);
-                if let Event::Error { code, is_final: true, .. } = ev {
-                    return Exit::for_code(code);
+                match ev {
+                    Event::Error { code, is_final: true, .. } => return Exit::for_code(code),
+                    Event::Error { code, .. } => failed = failed.or(Some(code)),
+                    _ => {}
                 }
                 if is_final(&ev) {
-                    return Exit::Ok;
+                    return failed.map_or(Exit::Ok, Exit::for_code);
                 }
             }
             Incoming::Audio(a) => audio(a),

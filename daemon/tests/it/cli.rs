@@ -100,34 +100,51 @@ fn a_pipeline_file_with_an_unknown_role_is_refused() {
     assert!(err.contains("thinkr") && !socket.exists(), "{err}");
 }
 
+/// A fake daemon on `path` for one connection: the handshake, then `serve` with the frames
+/// (kind, body) as they come and a way to send JSON events. For what a real daemon does only
+/// when something has gone wrong (a connection closed unanswered, audio dropped).
+fn fake_daemon(
+    path: &Path,
+    serve: impl FnOnce(&mut dyn FnMut() -> Option<(u8, Vec<u8>)>, &mut dyn FnMut(&str)) + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let (mut r, mut w) = (s.try_clone().unwrap(), s);
+        let mut frame = move || {
+            let mut len = [0u8; 4];
+            r.read_exact(&mut len).ok()?;
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            r.read_exact(&mut body).ok()?;
+            Some((body[0], body[1..].to_vec()))
+        };
+        let mut send = move |json: &str| {
+            let mut f = ((json.len() + 1) as u32).to_be_bytes().to_vec();
+            f.push(1);
+            f.extend_from_slice(json.as_bytes());
+            w.write_all(&f).unwrap();
+        };
+        let (_, hello) = frame().expect("hello");
+        assert!(String::from_utf8_lossy(&hello).contains("\"hello\""));
+        send(
+            r#"{"type":"welcome","protocol":1,"server":"fake","capabilities":[],"limits":{"max_frame":1048576,"queue_per_model":8,"connection_buffer":1024}}"#,
+        );
+        serve(&mut frame, &mut send);
+    })
+}
+
 /// `kazeia cancel` against a daemon that closes the connection before it answers (one stopping,
 /// or gone): the cancel may not have been taken, and the command says so. It printed
 /// "cancelled" and exited 0.
 #[test]
 fn cancel_with_no_answer_is_a_failure() {
-    use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let fake = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut frame = || {
-            let mut len = [0u8; 4];
-            s.read_exact(&mut len).ok()?;
-            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-            s.read_exact(&mut body).ok()?;
-            Some((s.try_clone().unwrap(), serde_json::from_slice::<serde_json::Value>(&body[1..]).unwrap()))
-        };
-        let (mut w, hello) = frame().expect("hello");
-        assert_eq!(hello["type"], "hello");
-        let welcome = br#"{"type":"welcome","protocol":1,"server":"fake","capabilities":[],"limits":{"max_frame":1048576,"queue_per_model":8,"connection_buffer":1024}}"#;
-        let mut f = ((welcome.len() + 1) as u32).to_be_bytes().to_vec();
-        f.push(1);
-        f.extend_from_slice(welcome);
-        w.write_all(&f).unwrap();
-        // The cancel, then the status behind it: the connection closes unanswered.
+    // The cancel, then the status behind it: the connection closes unanswered.
+    let fake = fake_daemon(&path, |frame, _| {
         while let Some((_, req)) = frame() {
-            if req["type"] == "status" {
+            if String::from_utf8_lossy(&req).contains("\"status\"") {
                 return;
             }
         }
@@ -136,6 +153,50 @@ fn cancel_with_no_answer_is_a_failure() {
     fake.join().unwrap();
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("closed the connection") && !err.contains("cancelled some-id"), "{err}");
+}
+
+/// `ask --audio`: the first 15 s of a recording go at once, the rest at its pace (the daemon
+/// holds 20 s in flight and drops what finds that full); and an error that was not final (the
+/// daemon's `busy` for audio it dropped) makes the exit code, though the turn then ends. A 42 s
+/// recording sent at once lost most of its words, and `ask` exited 0.
+#[test]
+fn ask_paces_long_audio_and_fails_on_dropped_audio() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake.sock");
+    let wav = dir.path().join("long.wav");
+    kazeia_daemon::speech::audio::write_wav(&wav, &vec![0.0; 17 * 16_000], 16_000).unwrap();
+    let (tx, times) = std::sync::mpsc::channel();
+    let fake = fake_daemon(&path, move |frame, send| {
+        let (_, turn) = frame().expect("the turn");
+        let turn: serde_json::Value = serde_json::from_slice(&turn).unwrap();
+        let id = turn["id"].as_str().unwrap().to_string();
+        send(&format!(r#"{{"type":"accepted","id":"{id}","pipeline":"transcribe"}}"#));
+        for _ in 0..170 {
+            let (kind, _) = frame().expect("an audio frame");
+            assert_eq!(kind, 2);
+            tx.send(std::time::Instant::now()).unwrap();
+        }
+        send(&format!(
+            r#"{{"type":"error","id":"{id}","code":"busy","message":"audio overrun: 1600 samples were dropped","final":false}}"#
+        ));
+        send(&format!(r#"{{"type":"done","id":"{id}","stop":"eos","metrics":{{}}}}"#));
+    });
+    let (code, out, err) = kazeia(&[
+        "ask",
+        "--socket",
+        path.to_str().unwrap(),
+        "--pipeline",
+        "transcribe",
+        "--audio",
+        wav.to_str().unwrap(),
+    ]);
+    fake.join().unwrap();
+    let times: Vec<_> = times.try_iter().collect();
+    assert_eq!(times.len(), 170);
+    assert!(times[149].duration_since(times[0]) < std::time::Duration::from_secs(1), "15 s at once");
+    assert!(times[169].duration_since(times[149]) >= std::time::Duration::from_millis(1_800), "the rest at its pace");
+    assert_eq!(code, 1, "the daemon dropped audio: {out}{err}");
+    assert!(err.contains("audio overrun"), "{err}");
 }
 
 /// `kazeia run` goes through a supervisor of its own: a model over the budget is refused before
