@@ -179,24 +179,28 @@ fn ask_paces_long_audio_and_fails_on_dropped_audio() {
         send(&format!(
             r#"{{"type":"error","id":"{id}","code":"busy","message":"audio overrun: 1600 samples were dropped","final":false}}"#
         ));
-        send(&format!(r#"{{"type":"done","id":"{id}","stop":"eos","metrics":{{}}}}"#));
+        let metrics = kazeia_ipc::Metrics::default();
+        send(
+            &serde_json::to_string(&kazeia_ipc::Event::Done {
+                id: Some(id),
+                stop: kazeia_ipc::StopReason::Eos,
+                metrics,
+            })
+            .unwrap(),
+        );
     });
-    let (code, out, err) = kazeia(&[
-        "ask",
-        "--socket",
-        path.to_str().unwrap(),
-        "--pipeline",
-        "transcribe",
-        "--audio",
-        wav.to_str().unwrap(),
-    ]);
+    let (socket, wav) = (path.to_str().unwrap(), wav.to_str().unwrap());
+    let (code, out, err) = kazeia(&["ask", "--socket", socket, "--pipeline", "transcribe", "--audio", wav, "--json"]);
     fake.join().unwrap();
     let times: Vec<_> = times.try_iter().collect();
     assert_eq!(times.len(), 170);
     assert!(times[149].duration_since(times[0]) < std::time::Duration::from_secs(1), "15 s at once");
     assert!(times[169].duration_since(times[149]) >= std::time::Duration::from_millis(1_800), "the rest at its pace");
+    // The turn ended (its `done` is the last line), but audio was lost.
+    let last: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "done", "{out}");
+    assert!(out.contains("audio overrun"), "{out}");
     assert_eq!(code, 1, "the daemon dropped audio: {out}{err}");
-    assert!(err.contains("audio overrun"), "{err}");
 }
 
 /// `kazeia run` goes through a supervisor of its own: a model over the budget is refused before
