@@ -645,14 +645,15 @@ fn listen(
         }
     };
     let segment_end = since.is_some();
-    let speech_end = match since {
-        // When the latest frame came, less the audio since the silence began up to its end.
-        Some(at) => {
-            let arrived = *ring.arrived.lock().unwrap_or_else(|p| p.into_inner());
-            let waited = arrived.samples.max(pos).saturating_sub(at);
-            arrived.at.checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or(arrived.at)
-        }
-        None => Instant::now(),
+    // When the latest frame came, less the audio since the speech stopped up to its end: where
+    // the silence that ended the turn began, else (the client's `last` frame, a stream that
+    // stalled) the end of the last speech the VAD heard. With `now` for the latter, a turn a
+    // stall ended after `audio_idle` (30 s) said it had waited ~0 ms.
+    let stopped = since.unwrap_or_else(|| vad.heard_until().min(pos));
+    let speech_end = {
+        let arrived = *ring.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        let waited = arrived.samples.max(pos).saturating_sub(stopped);
+        arrived.at.checked_sub(Duration::from_secs_f64(ms(waited) / 1e3)).unwrap_or(arrived.at)
     };
     let end_of_turn_ms = speech_end.elapsed().as_secs_f64() * 1e3;
     // The draft chosen at the pause that ended the turn is its transcript (what came after it

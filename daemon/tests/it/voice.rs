@@ -737,7 +737,11 @@ async fn a_stalled_stream_and_a_long_utterance_end_the_turn() {
     send_audio(&c, &id, &report[..12_800], false).await;
     let text = final_transcript(&mut rx).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     assert!(text.contains("please"), "{text:?}");
-    to_the_end(&mut rx).await;
+    // The user waited from the end of that speech: `audio_idle` (2 s) at least. It said ~0 ms
+    // (the moment the stall was found).
+    let end = to_the_end(&mut rx).await;
+    let Event::Done { metrics, .. } = &end else { panic!("{end:?}") };
+    assert!(metrics.end_of_turn_ms.is_some_and(|ms| ms >= 2_000.0), "{metrics:?}");
     // The whole sentence with no pause and no `last`: cut at 1 s, far from "Friday".
     let (id, mut rx) = start(&c, "transcribe").await;
     send_audio(&c, &id, &report, false).await;
