@@ -562,6 +562,27 @@ impl Voice for Piper {
     }
 }
 
+/// The rate of espeak-ng's formant voices, which its voices are given at.
+const ESPEAK_RATE: u32 = 22_050;
+
+/// The samples of the WAV espeak-ng streams (s16le, mono), at `rate`. Its header says "unknown
+/// length", which WAV readers refuse: the samples follow the `data` chunk header, at the rate
+/// its `fmt ` chunk gives. An mbrola voice (`espeak:mb-de1`) writes 16 kHz: read as 22,050 Hz,
+/// it played too fast and too high.
+fn streamed_wav(wav: &[u8], rate: u32) -> Result<Vec<f32>, SpeechError> {
+    let chunk = |id: &[u8]| wav.windows(4).position(|w| w == id).filter(|_| wav.starts_with(b"RIFF"));
+    let no_wav = || SpeechError::Run("espeak-ng gave no WAV".into());
+    let (fmt, data) = (chunk(b"fmt ").ok_or_else(no_wav)?, chunk(b"data").ok_or_else(no_wav)?);
+    let at = wav.get(fmt + 12..fmt + 16).ok_or_else(no_wav)?;
+    let from = u32::from_le_bytes(at.try_into().expect("4 bytes"));
+    let pcm = crate::audio::from_s16le(wav.get(data + 8..).ok_or_else(no_wav)?);
+    Ok(match from {
+        0 => return Err(no_wav()),
+        r if r == rate => pcm,
+        r => crate::audio::resample(&pcm, r, rate),
+    })
+}
+
 /// espeak-ng's own formant voice (`-v fr`): the French voice, since no neural French voice
 /// ships in the package registries. Robotic but intelligible; same interface.
 pub struct Espeak {
@@ -571,19 +592,11 @@ pub struct Espeak {
 impl Voice for Espeak {
     fn synthesize(&mut self, text: &str) -> Result<Vec<f32>, SpeechError> {
         let out = espeak(&["--stdout", "-v", &self.voice], text)?;
-        // A streamed WAV: its header says "unknown length", which WAV readers refuse. The
-        // samples (s16le, mono, 22,050 Hz) follow the `data` chunk header.
-        let wav = &out.stdout;
-        let data = wav
-            .windows(4)
-            .position(|w| w == b"data")
-            .filter(|_| wav.starts_with(b"RIFF"))
-            .ok_or_else(|| SpeechError::Run("espeak-ng gave no WAV".into()))?;
-        Ok(crate::audio::from_s16le(&wav[data + 8..]))
+        streamed_wav(&out.stdout, ESPEAK_RATE)
     }
 
     fn sample_rate(&self) -> u32 {
-        22_050
+        ESPEAK_RATE
     }
 
     fn name(&self) -> String {
@@ -593,6 +606,25 @@ impl Voice for Espeak {
 
 #[cfg(test)]
 mod tests {
+    /// A streamed WAV at 16 kHz (an mbrola voice) is resampled to the voice's rate; at that
+    /// rate it is read as it is; anything else is no WAV.
+    #[test]
+    fn a_streamed_wav_is_read_at_its_own_rate() {
+        let wav = |rate: u32, samples: usize| {
+            let mut b = b"RIFF\xff\xff\xff\xffWAVEfmt \x10\0\0\0\x01\0\x01\0".to_vec();
+            b.extend_from_slice(&rate.to_le_bytes());
+            b.extend_from_slice(&(rate * 2).to_le_bytes());
+            b.extend_from_slice(b"\x02\0\x10\0data\xff\xff\xff\xff");
+            b.extend(std::iter::repeat_n([0x10u8, 0x00], samples).flatten());
+            b
+        };
+        assert_eq!(super::streamed_wav(&wav(22_050, 2_205), 22_050).unwrap().len(), 2_205);
+        let n = super::streamed_wav(&wav(16_000, 1_600), 22_050).unwrap().len();
+        assert!((2_195..=2_215).contains(&n), "{n}");
+        assert!(super::streamed_wav(b"RIFFnot a wav", 22_050).is_err());
+        assert!(super::streamed_wav(&wav(0, 10), 22_050).is_err());
+    }
+
     /// An espeak-ng run that never ends is stopped at its deadline; one that ends is read
     /// whole, and one that fails says why. (`sh -c` stands for espeak-ng: `--stdin` is its $1.)
     #[test]
