@@ -294,8 +294,10 @@ async fn a_long_speak_does_not_hold_other_turns() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_cancelled_while_its_draft_runs_stops_it() {
     // No end-of-turn model: the turn ends at the VAD's 400 ms of silence, 336 ms after the
-    // draft of the whole utterance began (`draft_ahead`), and that draft takes ~1.3 s.
-    let text = config_text().replace("[speech]\n", "[speech]\nturn = \"\"\n");
+    // draft of the whole utterance began (`draft_ahead`), and that draft takes ~1.5 s: no
+    // partial transcripts, whose ids would be its guesses (with them it took 820 ms in a CI
+    // run, less than the test took to see the turn's end).
+    let text = config_text().replace("[speech]\n", "[speech]\nturn = \"\"\npartial_every = \"0s\"\n");
     let log = "info,kazeia_daemon::turns=debug,llama_cpp_2=warn,llama-cpp-2=warn";
     let d = Daemon::start_with_env(&text, &[("RUST_LOG", log)]);
     let c = d.client().await;
@@ -308,9 +310,11 @@ async fn a_turn_cancelled_while_its_draft_runs_stops_it() {
     let mut rx = c.send(req).await.unwrap();
     // In bursts of 10 s, each heard long before the next (the VAD runs ~50 times faster than
     // real time): the listener's ring holds 20 s, and a frame that finds it full is dropped.
-    for burst in utterance.chunks(160_000) {
+    for (i, burst) in utterance.chunks(160_000).enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         send_audio(&c, &id, burst, false).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let waiting = "waiting for the draft begun at the pause";
     tokio::task::block_in_place(|| common::wait_until("the turn's end", || d.log().contains(waiting), || d.log()));
