@@ -48,8 +48,8 @@ pub struct AskArgs {
     /// (`voice`: transcript, verdicts, reply; `transcribe`: the transcript).
     #[arg(long, value_name = "FILE")]
     pub audio: Option<PathBuf>,
-    /// Stream --audio at the pace it was recorded (as a microphone would) from its start: without
-    /// it the first 15 s go at once, the rest at that pace (the daemon holds 20 s in flight).
+    /// Stream --audio at the pace it was recorded (as a microphone would: the turn ends at a
+    /// pause), not as fast as the socket takes it (at most 19 s: the daemon holds 20 s in flight).
     #[arg(long, requires = "audio")]
     pub realtime: bool,
     /// Write the spoken reply here (WAV): `voice`, `speak`.

@@ -1,7 +1,7 @@
 //! `kazeia ask`: one turn through the daemon, streamed; Ctrl-C cancels it there.
 //!
 //! Text from the argument (`-`: stdin) or a WAV streamed as audio frames (`--audio`, 100 ms per
-//! frame: the first 15 s at once, the rest at recording pace; all at that pace with
+//! frame, as fast as the socket takes them (at most 19 s of it) or at recording pace with
 //! `--realtime`); the spoken
 //! reply, if any, written to `--out`. Everything is checked before the daemon is asked: the
 //! question, the audio file, that `--out` can be written.
@@ -32,6 +32,18 @@ pub async fn ask(args: AskArgs) -> Exit {
         },
         None => None,
     };
+    if let Some(s) = samples.as_ref().filter(|s| !args.realtime && s.len() > AT_ONCE_FRAMES * FRAME) {
+        let secs = s.len() as f64 / 16_000.0;
+        return usage(
+            &printer,
+            format!(
+                "the recording is {secs:.1} s: at most {} s is sent at once (the daemon holds 20 s of a turn's audio); \
+                 --realtime streams it as a microphone would (its turn ends at a pause), \
+                 `kazeia run transcribe --audio` reads it whole",
+                AT_ONCE_FRAMES / 10
+            ),
+        );
+    }
     if text.is_none() && samples.is_none() {
         return usage(
             &printer,
@@ -141,20 +153,20 @@ fn usage(printer: &Printer, m: String) -> Exit {
     Exit::Usage
 }
 
-/// Frames sent at once before the rest follows at the recording's pace: 15 s. The daemon keeps
-/// 20 s of audio in flight for a turn and drops what finds that full (`busy`, audio overrun): a
-/// 42 s recording sent as fast as the socket took it lost most of its words, and the command
-/// exited 0. (An utterance is at most `max_utterance`, 60 s by default.)
-const AHEAD_FRAMES: usize = 150;
+/// The longest recording sent at once: 19 s. The daemon keeps 20 s of a turn's audio in flight
+/// and drops what finds that full (`busy`, audio overrun): a 42 s recording lost most of its
+/// words. Sent at its pace instead, it is a live stream, whose turn ends at its first pause the
+/// end-of-turn model calls complete (the whole recording is one utterance only when its `last`
+/// frame has come): longer ones take `--realtime`, which says so, or `kazeia run`.
+const AT_ONCE_FRAMES: usize = 190;
 
-/// Send `samples` (16 kHz mono) as 100 ms audio frames, the last one flagged: the first
-/// [`AHEAD_FRAMES`] at once (none with `realtime`), the rest at the recording's pace.
+/// Send `samples` (16 kHz mono) as 100 ms audio frames, the last one flagged: as fast as the
+/// socket takes them, or at the recording's pace with `realtime`.
 async fn stream(client: Arc<kazeia_ipc::Client>, id: String, samples: Arc<Vec<f32>>, realtime: bool) {
     let chunks: Vec<&[f32]> = samples.chunks(FRAME).collect();
     let mut pace = tokio::time::interval(Duration::from_millis(100));
-    let paced_from = if realtime { 0 } else { AHEAD_FRAMES };
     for (i, chunk) in chunks.iter().enumerate() {
-        if i >= paced_from {
+        if realtime {
             pace.tick().await;
         }
         let frame = AudioFrame {
