@@ -261,18 +261,7 @@ fn transcribe(
     };
     let language = language(sup);
     let start = Instant::now();
-    // The transcriber may be another turn's (a draft of a long utterance: seconds): a cancel
-    // ends the wait for it, as it ends the transcription itself (`transcribe`'s check).
-    let mut stt = loop {
-        match stack.stt.try_lock() {
-            Ok(stt) => break stt,
-            Err(std::sync::TryLockError::WouldBlock) if cancel.is_cancelled() => {
-                return Heard::Failed(ErrorCode::Cancelled, "cancelled".into())
-            }
-            Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(5)),
-            Err(std::sync::TryLockError::Poisoned(p)) => panic!("stt: {p}"),
-        }
-    };
+    let mut stt = stack.stt.lock().expect("stt");
     let speech = match speech {
         Some(s) => s,
         None => match stt.vad.segments(samples) {
