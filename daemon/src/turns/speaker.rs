@@ -90,9 +90,11 @@ fn speak(
         // nor since its check passed (the unit handed to speech, see RolePause); unless the
         // listener has `AHEAD_S` of audio still to play: then the speaker only takes the unit
         // handed to it (its hold ends at once, and the handoff's with it).
-        let ahead = spoken.first_audio.map_or(0.0, |(at, _)| sent_s - at.elapsed().as_secs_f64());
+        let ahead = |sent_s: f64, spoken: &Spoken| {
+            spoken.first_audio.map_or(0.0, |(at, _)| sent_s - at.elapsed().as_secs_f64())
+        };
         let hold = kazeia_engine::SpeechHold::speak();
-        let hold = (ahead < AHEAD_S).then_some(hold);
+        let mut hold = (ahead(sent_s, &spoken) < AHEAD_S).then_some(hold);
         // Clause by clause, piece by piece: each piece's frames leave as soon as it is
         // synthesised, while the next one is.
         let mut audio_s = 0.0;
@@ -112,6 +114,11 @@ fn speak(
                 }
                 out(frame(r, false, Bytes::from(audio::to_s16le(chunk))));
                 spoken.first_audio.get_or_insert_with(|| (Instant::now(), arrived.elapsed().as_secs_f64() * 1e3));
+            }
+            // A long sentence begun unheld, synthesised beside decodes: once the listener's
+            // audio runs low, the rest of it holds them.
+            if hold.is_none() && ahead(sent_s + audio_s, &spoken) < AHEAD_S {
+                hold = Some(kazeia_engine::SpeechHold::take());
             }
             true
         })?;
