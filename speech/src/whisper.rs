@@ -395,7 +395,9 @@ impl Whisper {
         let mut no_speech_prob = None;
         let max_guess = if self.batched { MAX_GUESS } else { 0 };
         let mut out: Vec<u32> = Vec::new();
-        let mut logprob_sum = 0.0f32;
+        // Each token's log-probability, `out`'s and then the end's (a loop cut takes its
+        // repeats' out of the average as well).
+        let mut lps: Vec<f32> = Vec::new();
         // The next call makes no guess (a near tie is decided again as without a hint).
         let (mut exact, mut ties) = (false, 0);
         // Each call: `feed` (tokens surely in the transcript: the prompt, or the last choice)
@@ -444,12 +446,12 @@ impl Whisper {
                     tie = Some(row);
                     break;
                 }
-                logprob_sum += lp;
+                lps.push(lp);
                 if tok == EOT {
                     break;
                 }
                 out.push(tok);
-                if cut_loop(&mut out) || out.len() >= MAX_TOKENS {
+                if cut_loop(&mut out, &mut lps) || out.len() >= MAX_TOKENS {
                     break;
                 }
                 match guess.get(row + 1 - feed.len()) {
@@ -493,7 +495,7 @@ impl Whisper {
             encoder_ms,
             decoder_ms: t1.elapsed().as_secs_f64() * 1e3,
             no_speech_prob: no_speech_prob.unwrap_or(1.0),
-            avg_logprob: logprob_sum / (out.len() + 1) as f32,
+            avg_logprob: lps.iter().sum::<f32>() / (out.len() + 1) as f32,
             ids: out,
             decoder_calls: calls,
             ties,
@@ -549,9 +551,10 @@ fn looping(out: &[u32]) -> Option<usize> {
 
 /// A loop at the end of `out` ends the decoding with one turn of it kept: the repeats are the
 /// decoder's, not speech (they went to the Thinker as "oume-oume-oume-oume").
-fn cut_loop(out: &mut Vec<u32>) -> bool {
+fn cut_loop(out: &mut Vec<u32>, lps: &mut Vec<f32>) -> bool {
     let Some(p) = looping(out) else { return false };
     out.truncate(out.len() - 3 * p);
+    lps.truncate(out.len());
     true
 }
 
@@ -562,10 +565,12 @@ mod tests {
     #[test]
     fn a_loop_keeps_one_turn() {
         let mut out = vec![9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3];
-        assert!(cut_loop(&mut out));
+        let mut lps: Vec<f32> = (0..13).map(|i| -(i as f32)).collect();
+        assert!(cut_loop(&mut out, &mut lps));
         assert_eq!(out, [9, 1, 2, 3]);
+        assert_eq!(lps, [0.0, -1.0, -2.0, -3.0], "the repeats' log-probabilities go with them");
         let mut out = vec![9, 1, 2, 3, 1, 2, 3];
-        assert!(!cut_loop(&mut out));
+        assert!(!cut_loop(&mut out, &mut lps));
         assert_eq!(out.len(), 7);
     }
 
