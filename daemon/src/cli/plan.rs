@@ -21,7 +21,7 @@ pub fn plan(common: &CommonArgs, json: bool) -> Exit {
                 // Tagged like every other `--json` line (`"type": "plan"`).
                 let mut v = serde_json::to_value(&p).expect("plan serializes");
                 v.as_object_mut().expect("an object").insert("type".into(), "plan".into());
-                super::print::outln!("{v}");
+                super::print::json_line(v);
             } else {
                 crate::plan::print(&p);
             }

@@ -15,25 +15,44 @@ use kazeia_pipelines::Plan;
 /// Exit code when stdout was closed before the command was done: 128 + SIGPIPE.
 pub const EXIT_CLOSED_STDOUT: i32 = 141;
 
-/// Text for a terminal: control characters other than a line break and a tab become U+FFFD.
-/// Replies, reasoning, transcripts, model file names and the daemon's messages are printed as
-/// they come, and a model's byte-level tokenizer writes ESC as readily as any byte: a reply
-/// holding `ESC]0;…BEL` or `ESC[2J` retitled or cleared the user's terminal (OSC 52 writes its
-/// clipboard on some). `--json` escapes them already.
+/// Text for a terminal: control characters other than a line break and a tab become U+FFFD (a
+/// carriage return before a line break goes). Replies, reasoning, transcripts, model file names
+/// and the daemon's messages are printed as they come, and a model's byte-level tokenizer
+/// writes ESC as readily as any byte: a reply holding `ESC]0;…BEL` or `ESC[2J` retitled or
+/// cleared the user's terminal (OSC 52 writes its clipboard on some).
 pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
     let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
     if !text.chars().any(bad) {
         return std::borrow::Cow::Borrowed(text);
     }
-    std::borrow::Cow::Owned(text.chars().map(|c| if bad(c) { '\u{fffd}' } else { c }).collect())
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\r' if chars.peek() == Some(&'\n') => {}
+            c if bad(c) => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Write to stdout and flush; a closed stdout ends the process quietly (see the module's doc).
-/// Through [`shown`]: everything a command prints goes through here or [`note`].
+/// Through [`shown`]: everything a command prints goes through here or [`note`], but
+/// [`json_line`]'s.
 pub fn out(args: std::fmt::Arguments) {
-    let text = args.to_string();
+    write_out(&shown(&args.to_string()));
+}
+
+/// One `--json` line, as it is: JSON escapes the C0 controls, and a DEL or a C1 control in a
+/// string is data (U+FFFD would change it).
+pub fn json_line(line: impl std::fmt::Display) {
+    write_out(&format!("{line}\n"));
+}
+
+fn write_out(text: &str) {
     let mut o = std::io::stdout().lock();
-    if let Err(e) = o.write_all(shown(&text).as_bytes()).and_then(|()| o.flush()) {
+    if let Err(e) = o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(EXIT_CLOSED_STDOUT);
         }
@@ -91,7 +110,7 @@ impl Printer {
 
     pub fn event(&self, ev: &Event) {
         if self.json {
-            outln!("{}", serde_json::to_string(ev).expect("events serialize"));
+            json_line(serde_json::to_string(ev).expect("events serialize"));
             return;
         }
         if !matches!(ev, Event::Thinking { .. }) && self.thinking_open.swap(false, std::sync::atomic::Ordering::Relaxed)
@@ -248,6 +267,7 @@ mod tests {
     #[test]
     fn control_characters_are_not_shown() {
         assert_eq!(super::shown("Paris.\u{1b}]0;x\u{7}\u{9b}2J\r"), "Paris.\u{fffd}]0;x\u{fffd}\u{fffd}2J\u{fffd}");
+        assert_eq!(super::shown("one\r\ntwo\u{1b}"), "one\ntwo\u{fffd}");
         assert!(matches!(super::shown("deux lignes\n\tet une tabulation, « é »"), std::borrow::Cow::Borrowed(_)));
     }
 }

@@ -230,7 +230,7 @@ pub async fn run(args: SoakArgs, socket: PathBuf) -> Result<Verdict> {
         "failures": verdict.failures,
     });
     if args.json {
-        crate::cli::print::outln!("{summary}");
+        crate::cli::print::json_line(summary);
     } else {
         crate::cli::print::outln!(
             "{} turns in {:.0} s: {} done ({} voice), {} cancelled, {} vanished, {} busy, {} refused over budget, {} reloads, {} errors",
