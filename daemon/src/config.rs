@@ -604,15 +604,24 @@ const MAX_BUFFER: usize = 1 << 20;
 /// blamed on a comment that named it, or on `default_language` for `language`.
 fn key_offset(text: &str, key: &str, section: &str) -> Option<usize> {
     let from = text.find(section);
-    let mut at = from.unwrap_or(0);
-    for line in text[at..].split_inclusive('\n') {
+    find_key(text, from.unwrap_or(0), key, |_| false).or(from)
+}
+
+/// The offset of the first line from `start` on that sets `key`, before a line `ends` says
+/// ends the search.
+fn find_key(text: &str, start: usize, key: &str, ends: impl Fn(&str) -> bool) -> Option<usize> {
+    let mut at = start;
+    for line in text[start..].split_inclusive('\n') {
         let rest = line.trim_start();
+        if at > start && ends(rest) {
+            return None;
+        }
         if sets(rest, key) {
             return Some(at + (line.len() - rest.len()));
         }
         at += line.len();
     }
-    from
+    None
 }
 
 /// Whether a line (its indentation trimmed) sets `key`: `key = …`, not a comment that names it
@@ -631,18 +640,7 @@ const MAX_THREADS: u32 = 512;
 /// its own lines and its sub-tables' (`[model.sampling]`), up to the next other table.
 fn model_key_offset(text: &str, start: usize, key: &str) -> Option<usize> {
     let start = text[..start.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
-    let mut at = start;
-    for (i, line) in text[start..].split_inclusive('\n').enumerate() {
-        let rest = line.trim_start();
-        if i > 0 && rest.starts_with('[') && !rest.starts_with("[model.") {
-            return None;
-        }
-        if sets(rest, key) {
-            return Some(at + (line.len() - rest.len()));
-        }
-        at += line.len();
-    }
-    None
+    find_key(text, start, key, |line| line.starts_with('[') && !line.starts_with("[model."))
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
