@@ -34,7 +34,7 @@ fn qwen35_9b_matches_the_memory_formulas() {
     // (24 × 32 heads × 128) floats per token. Reserved adds the 512 × 248,320 logits rows.
     assert_eq!(e.compute_bytes, 512 * (8 * 4096 + 2 * 12288 + 24 * 32 * 128) * 4);
     assert_eq!(e.compute_reserved_bytes, e.compute_bytes + 512 * 248_320 * 4);
-    assert_eq!(e.overhead_bytes, 20 * MIB + 300 * 248_320);
+    assert_eq!(e.overhead_bytes, 20 * MIB + 240 * 248_320);
     // Quantized KV (type_k, type_v): blocks of 32 elements in 34 B (q8_0) or 18 B (q4_0)
     // instead of 64 B.
     let q8 = estimate(
