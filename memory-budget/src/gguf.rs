@@ -247,8 +247,7 @@ impl<R: Read> Reader<R> {
     }
 
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
-        let len = self.u64(what)?;
-        self.check_len(what, len, MAX_STRING)?;
+        let len = self.string_len(what)?;
         let mut buf = vec![0u8; len as usize];
         self.inner.read_exact(&mut buf).map_err(|_| self.err_eof(what))?;
         self.pos += len;
@@ -270,6 +269,13 @@ impl<R: Read> Reader<R> {
             Some(end) if end <= self.file_size => Ok(()),
             _ => Err(self.err_eof(what)),
         }
+    }
+
+    /// A string's length, checked: what `string` reads, or a long array skips.
+    fn string_len(&mut self, what: &str) -> Result<u64, GgufError> {
+        let len = self.u64(what)?;
+        self.check_len(what, len, MAX_STRING)?;
+        Ok(len)
     }
 
     /// Read past `n` bytes.
@@ -317,8 +323,7 @@ impl<R: Read> Reader<R> {
                         }
                         None if item_ty == 8 => {
                             for _ in 0..len {
-                                let n = self.u64(what)?;
-                                self.check_len(what, n, MAX_STRING)?;
+                                let n = self.string_len(what)?;
                                 self.skip(n, what)?;
                             }
                         }
