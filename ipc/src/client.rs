@@ -35,7 +35,22 @@ pub enum Incoming {
     Audio(AudioFrame),
 }
 
-type Routes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Incoming>>>>;
+/// Where each request's events go, and whether the connection is gone: set by the reader when
+/// it ends (and by the writer when a write fails), under the same lock a request's route is
+/// added under. A request sent after the daemon had gone found the writer still waiting for
+/// frames, queued its frame, added its route, and waited for good.
+#[derive(Default)]
+struct Table {
+    map: HashMap<String, mpsc::UnboundedSender<Incoming>>,
+    closed: bool,
+}
+
+type Routes = Arc<Mutex<Table>>;
+
+/// How long the daemon has to answer `hello` (its own handshake timeout is 10 s): a socket that
+/// accepts and never answers (a stopped daemon, another program on the path) blocked `connect`
+/// for good.
+const WELCOME_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A connection to the daemon. Cheap to share by reference; requests may run concurrently.
 pub struct Client {
@@ -78,7 +93,10 @@ impl Client {
         let sent = framed
             .send(Frame::request(&Request::Hello { protocol: PROTOCOL_VERSION, client: client_name.into() }))
             .await;
-        let welcome = match framed.next().await {
+        let answer = tokio::time::timeout(WELCOME_TIMEOUT, framed.next())
+            .await
+            .map_err(|_| ClientError::Unexpected(format!("no welcome within {} s", WELCOME_TIMEOUT.as_secs())))?;
+        let welcome = match answer {
             Some(Ok(Frame::Json(b))) => {
                 serde_json::from_slice::<Event>(&b).map_err(|e| ClientError::Unexpected(e.to_string()))?
             }
@@ -95,22 +113,31 @@ impl Client {
         }
         let (sink, mut stream) = framed.split();
         let (out, mut out_rx) = mpsc::channel::<Frame>(64);
+        let routes: Routes = Arc::default();
+        let writer_routes = routes.clone();
         let writer = tokio::spawn(async move {
             let mut sink = sink;
             while let Some(f) = out_rx.recv().await {
                 if sink.send(f).await.is_err() {
+                    // No request sent from now on can be written. Those waiting keep their
+                    // routes: what the daemon sent before it went is still to be read.
+                    writer_routes.lock().expect("routes lock").closed = true;
                     break;
                 }
             }
         });
-        let routes: Routes = Arc::default();
         let reader_routes = routes.clone();
         let reader = tokio::spawn(async move {
             while let Some(Ok(frame)) = stream.next().await {
                 let (id, item) = match frame {
                     Frame::Json(b) => match serde_json::from_slice::<Event>(&b) {
                         Ok(ev) => (ev.id().map(str::to_string), Incoming::Event(ev)),
-                        Err(_) => continue,
+                        // An event this client cannot read (a newer daemon's) that ends its
+                        // request still ends it: dropped, its request waited for good.
+                        Err(e) => match unreadable_end(&b, &e) {
+                            Some((id, ev)) => (Some(id), Incoming::Event(ev)),
+                            None => continue,
+                        },
                     },
                     Frame::Audio(a) => (Some(a.id.clone()), Incoming::Audio(a)),
                     Frame::Invalid(_) => continue,
@@ -128,14 +155,17 @@ impl Client {
                 // What names no request of ours (its receiver dropped, its last event read) is
                 // dropped: kept for a reader nobody was, it grew for as long as the client lived.
                 let mut routes = reader_routes.lock().expect("routes lock");
-                if let Some(tx) = id.as_ref().and_then(|id| routes.get(id)) {
+                if let Some(tx) = id.as_ref().and_then(|id| routes.map.get(id)) {
                     if tx.send(item).is_err() || last {
-                        routes.remove(id.as_ref().expect("id"));
+                        routes.map.remove(id.as_ref().expect("id"));
                     }
                 }
             }
-            // The daemon went away: every waiting request sees its channel close.
-            reader_routes.lock().expect("routes lock").clear();
+            // The daemon went away: every waiting request sees its channel close, and a request
+            // sent from now on fails at once.
+            let mut routes = reader_routes.lock().expect("routes lock");
+            routes.closed = true;
+            routes.map.clear();
         });
         Ok(Client {
             out,
@@ -150,7 +180,12 @@ impl Client {
     /// Requests the client keeps a route for (their last event has not come, or their receiver
     /// was dropped since the last request).
     pub fn pending(&self) -> usize {
-        self.routes.lock().expect("routes lock").len()
+        self.routes.lock().expect("routes lock").map.len()
+    }
+
+    /// Whether the connection is gone (the daemon closed it, or a write failed).
+    pub fn is_closed(&self) -> bool {
+        self.routes.lock().expect("routes lock").closed
     }
 
     /// A fresh request id, unique to this process.
@@ -184,17 +219,24 @@ impl Client {
         let frame = Frame::request(&req);
         self.fits(&frame)?;
         let (tx, rx) = mpsc::unbounded_channel();
-        if let Some(id) = req.id() {
+        {
             let mut routes = self.routes.lock().expect("routes lock");
-            // Routes whose receiver is gone (a `status` read once, a subscription dropped): each
-            // call left one behind, for as long as the client lived.
-            routes.retain(|_, tx| !tx.is_closed());
-            match (routes.contains_key(id), &req) {
-                // A cancel names a running request by design: an error for it goes to that
-                // request's route (this receiver closes at once).
-                (true, Request::Cancel { .. }) => {}
-                (true, _) => return Err(refused(ErrorCode::DuplicateId, format!("request {id:?} is already running"))),
-                (false, _) => drop(routes.insert(id.to_string(), tx)),
+            if routes.closed {
+                return Err(ClientError::Closed);
+            }
+            if let Some(id) = req.id() {
+                // Routes whose receiver is gone (a `status` read once, a subscription dropped):
+                // each call left one behind, for as long as the client lived.
+                routes.map.retain(|_, tx| !tx.is_closed());
+                match (routes.map.contains_key(id), &req) {
+                    // A cancel names a running request by design: an error for it goes to that
+                    // request's route (this receiver closes at once).
+                    (true, Request::Cancel { .. }) => {}
+                    (true, _) => {
+                        return Err(refused(ErrorCode::DuplicateId, format!("request {id:?} is already running")))
+                    }
+                    (false, _) => drop(routes.map.insert(id.to_string(), tx)),
+                }
             }
         }
         self.out.send(frame).await.map_err(|_| ClientError::Closed)?;
@@ -204,6 +246,9 @@ impl Client {
     /// Send a frame that expects no answer of its own (cancel, audio).
     pub async fn send_frame(&self, frame: Frame) -> Result<(), ClientError> {
         self.fits(&frame)?;
+        if self.is_closed() {
+            return Err(ClientError::Closed);
+        }
         self.out.send(frame).await.map_err(|_| ClientError::Closed)
     }
 
@@ -237,7 +282,7 @@ impl Client {
         let mut rx = self.send(Request::Status { id: id.clone() }).await?;
         let answer = rx.recv().await;
         // One answer: nothing more is routed to it.
-        self.routes.lock().expect("routes lock").remove(&id);
+        self.routes.lock().expect("routes lock").map.remove(&id);
         match answer {
             Some(Incoming::Event(Event::Status { status, .. })) => Ok(status),
             Some(Incoming::Event(Event::Error { code, message, .. })) => Err(ClientError::Refused { code, message }),
@@ -245,6 +290,25 @@ impl Client {
             None => Err(ClientError::Closed),
         }
     }
+}
+
+/// A final `error` (or a `done`) with an id that this client cannot read, as the request's final
+/// error: a newer daemon's error code or stop reason. PROTOCOL §6: a client treats an unknown
+/// code as an error.
+fn unreadable_end(frame: &[u8], why: &serde_json::Error) -> Option<(String, Event)> {
+    let v: serde_json::Value = serde_json::from_slice(frame).ok()?;
+    let id = v.get("id")?.as_str()?.to_string();
+    let message = match v.get("type")?.as_str()? {
+        "error" if v.get("final").and_then(|f| f.as_bool()) != Some(false) => format!(
+            "[{}] {}",
+            v.get("code").and_then(|c| c.as_str()).unwrap_or("?"),
+            v.get("message").and_then(|m| m.as_str()).unwrap_or_default()
+        ),
+        "done" => format!("a `done` this client cannot read: {why}"),
+        _ => return None,
+    };
+    let code = v.get("code").and_then(|c| serde_json::from_value(c.clone()).ok()).unwrap_or(ErrorCode::Engine);
+    Some((id.clone(), Event::Error { id: Some(id), code, message, is_final: true }))
 }
 
 fn refused(code: ErrorCode, message: String) -> ClientError {

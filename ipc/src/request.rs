@@ -13,6 +13,17 @@ fn default_pipeline() -> String {
     DEFAULT_PIPELINE.to_string()
 }
 
+/// An optional field written `null` is as if left out: Python's json, kotlinx.serialization
+/// and Gson write absent values so, and `"pipeline": null` was `bad_request` ("invalid type:
+/// null"), `"client": null` in `hello` closed the connection.
+fn null_is_default<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+fn null_is_default_pipeline<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_else(default_pipeline))
+}
+
 /// Per-turn overrides of the role's configured sampling.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,7 +39,7 @@ pub struct TurnOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_budget: Option<u32>,
     /// Send the reasoning as `thinking` events (guarded like the reply on guarded pipelines).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "std::ops::Not::not")]
     pub show_thinking: bool,
 }
 
@@ -46,14 +57,14 @@ pub enum Request {
     /// First frame of every connection.
     Hello {
         protocol: u32,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_is_default")]
         client: String,
     },
     /// Run one turn of a pipeline. `id` is chosen by the client and unique among its running
     /// requests; every event of the turn carries it.
     Turn {
         id: String,
-        #[serde(default = "default_pipeline")]
+        #[serde(default = "default_pipeline", deserialize_with = "null_is_default_pipeline")]
         pipeline: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         text: Option<String>,
@@ -61,7 +72,7 @@ pub enum Request {
         audio: Option<AudioSpec>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<String>,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "null_is_default")]
         options: TurnOptions,
     },
     /// Cancel the running request `id` (of this connection).
@@ -238,5 +249,34 @@ mod parse_tests {
                 prop_assert!(!id.is_empty() && id.len() <= MAX_ID_BYTES && !id.chars().any(char::is_control));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Request, TurnOptions, DEFAULT_PIPELINE};
+
+    /// An optional field written `null` is as if left out.
+    #[test]
+    fn null_optional_fields_are_left_out() {
+        let turn: Request = serde_json::from_str(
+            r#"{"type":"turn","id":"t","pipeline":null,"text":"hi","audio":null,"session":null,"options":null}"#,
+        )
+        .unwrap();
+        match turn {
+            Request::Turn { pipeline, options, session, .. } => {
+                assert_eq!(pipeline, DEFAULT_PIPELINE);
+                assert_eq!(options, TurnOptions::default());
+                assert_eq!(session, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let opts: TurnOptions = serde_json::from_str(r#"{"temperature":null,"show_thinking":null}"#).unwrap();
+        assert_eq!(opts, TurnOptions::default());
+        let hello: Request = serde_json::from_str(r#"{"type":"hello","protocol":1,"client":null}"#).unwrap();
+        assert_eq!(hello, Request::Hello { protocol: 1, client: String::new() });
+        // A required field is still required, and a wrong type still wrong.
+        assert!(serde_json::from_str::<Request>(r#"{"type":"turn","id":null,"text":"hi"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"type":"turn","id":"t","pipeline":3}"#).is_err());
     }
 }
