@@ -166,6 +166,12 @@ impl Supervisor {
         *self.pressure.lock().expect("pressure")
     }
 
+    /// Cancel this connection's turn `id`, if it still runs.
+    pub fn cancel_own(&self, conn: u64, id: &str) -> bool {
+        let turns = self.turns.lock().expect("turns lock");
+        turns.get(&(conn, id.to_string())).inspect(|t| t.cancel.cancel()).is_some()
+    }
+
     /// Cancel the request `id`: this connection's first, else one of the same user's other
     /// connections (so that `kazeia cancel ID` works from another process).
     pub fn cancel(&self, conn: u64, uid: u32, id: &str) -> bool {

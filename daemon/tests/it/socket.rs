@@ -154,6 +154,46 @@ async fn cancel_mid_generation() {
     }
 }
 
+/// A cancel of a connection's own ended turn stays on that connection: it went on to the
+/// same user's other connections, and stopped another app's turn that had the same id.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_cancel_does_not_stop_another_apps_turn() {
+    let guard = format!(
+        "\n[[model]]\nrole = \"guard\"\nfile = \"{}\"\nn_ctx = 1024\nthreads = 1\nbackend = \"cpu\"\n\
+         [model.sampling]\ntemperature = 0.0\nmax_tokens = 16\n[guard]\nformat = \"compact\"\n",
+        common::smollm2().display()
+    );
+    let d = Daemon::start(&(config("") + &guard));
+    let (a, b) = (d.client().await, d.client().await);
+    let turn = |pipeline: &str, text: &str, options| kazeia_ipc::Request::Turn {
+        id: "same".into(),
+        pipeline: pipeline.into(),
+        text: Some(text.into()),
+        audio: None,
+        session: None,
+        options,
+    };
+    let mut long = b.send(turn("chat", LONG, long_opts())).await.unwrap();
+    while !matches!(long.recv().await.unwrap(), Incoming::Event(Event::Token { .. })) {}
+    // A's turn under the same id (the guard alone: the Thinker is busy with B's), to its end.
+    let mut short = a.send(turn("guard", "What is the capital of France?", TurnOptions::default())).await.unwrap();
+    assert!(matches!(finish(&mut short).await.1, Event::Done { .. }));
+    // A's stop button, just too late. No answer, and the status behind it is answered after it.
+    let mut late = a.send(kazeia_ipc::Request::Cancel { id: "same".into() }).await.unwrap();
+    a.status().await.unwrap();
+    assert!(late.try_recv().is_err(), "{:?}", late.try_recv());
+    match finish(&mut long).await.1 {
+        Event::Done { stop, metrics, .. } => assert_eq!(stop, StopReason::Length, "{metrics:?}"),
+        other => panic!("{other:?}"),
+    }
+    // A connection that never had the id still reaches the user's other turns (`kazeia cancel`).
+    let mut again = b.send(turn("chat", LONG, long_opts())).await.unwrap();
+    while !matches!(again.recv().await.unwrap(), Incoming::Event(Event::Token { .. })) {}
+    let other = d.client().await;
+    other.cancel("same").await.unwrap();
+    assert!(matches!(finish(&mut again).await.1, Event::Done { stop: StopReason::Cancelled, .. }));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn disconnect_mid_generation_frees_the_model() {
     let d = Daemon::start(&config(""));

@@ -136,6 +136,18 @@ async fn transcribe_and_voice_over_the_socket() {
     // out, one rendering was heard "the 4th Friday" for "before Friday").
     assert!(wer(REPORT, &text) <= 0.25, "{text:?}");
     assert_eq!(language.as_deref(), Some("en"));
+    // After `done`, nothing about its id: a microphone still streaming, and a cancel that came
+    // too late, got an error each (`no_audio_request`, `unknown_request`) after the final event.
+    // The late cancel's route receives whatever names the id; the status behind it on the same
+    // connection is answered after all of them were read.
+    let mut late = c.send(Request::Cancel { id: id.clone() }).await.unwrap();
+    for _ in 0..3 {
+        let frame =
+            AudioFrame { id: id.clone(), sample_rate: 16_000, channels: 1, last: false, pcm: vec![0u8; 3_200].into() };
+        c.send_frame(Frame::Audio(frame)).await.unwrap();
+    }
+    c.status().await.unwrap();
+    assert!(late.try_recv().is_err(), "after its done, events about {id:?}: {:?}", late.try_recv());
 
     // voice: transcript, verdicts, tokens, sentences and audio frames, then done.
     let (id, mut rx) = start(&c, "voice").await;

@@ -7,6 +7,11 @@ use super::Conn;
 pub fn frame(c: &Conn, a: AudioFrame) {
     let mut turns = c.audio.lock().expect("audio turns");
     let Some(input) = turns.get_mut(&a.id) else {
+        // The microphone of a turn that has ended streams until its client reads `done`:
+        // dropped, not an error per frame after the final event (PROTOCOL §7).
+        if c.turn_ids.lock().expect("turn ids").knows(&a.id) {
+            return;
+        }
         let msg = format!("audio frame for {:?}, which is not a running audio turn", a.id);
         return c.out.notice(Some(a.id), ErrorCode::NoAudioRequest, msg);
     };

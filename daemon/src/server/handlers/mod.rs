@@ -9,7 +9,7 @@ mod status;
 mod subscribe;
 mod turn;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use kazeia_ipc::{ErrorCode, Request};
@@ -23,6 +23,49 @@ use crate::turns::AudioInput;
 /// The connection's running audio turns, by request id: where their audio frames go.
 type AudioTurns = Arc<Mutex<HashMap<String, AudioInput>>>;
 
+/// The ids of this connection's turns: running until their final event is queued (the
+/// supervisor forgets a turn just before: its leases go first), then among the latest
+/// `ENDED_KEPT` ended. What the connection did under an id stays on the connection:
+/// - a new turn under an id whose final event has not left is `duplicate_id`: admitted in that
+///   gap, its `accepted` came before the old turn's `done`, which the client took for its own;
+/// - a `cancel` of a turn of this connection that has ended is ignored: it looked among the
+///   user's other connections, and stopped another app's turn of the same id;
+/// - audio frames for it are dropped (the microphone streams until the client reads `done`).
+#[derive(Default)]
+pub struct TurnIds {
+    live: HashSet<String>,
+    ended: VecDeque<String>,
+}
+
+/// Ended turn ids a connection remembers: at most 128 KiB of ids.
+const ENDED_KEPT: usize = 1024;
+
+impl TurnIds {
+    pub fn is_live(&self, id: &str) -> bool {
+        self.live.contains(id)
+    }
+
+    /// Whether this connection has had a turn under `id` (running, ending or ended).
+    pub fn knows(&self, id: &str) -> bool {
+        self.live.contains(id) || self.ended.iter().any(|e| e == id)
+    }
+
+    fn begin(&mut self, id: &str) {
+        self.live.insert(id.to_string());
+    }
+
+    /// The turn's final event is queued.
+    fn end(&mut self, id: &str) {
+        self.live.remove(id);
+        if !self.ended.iter().any(|e| e == id) {
+            if self.ended.len() == ENDED_KEPT {
+                self.ended.pop_front();
+            }
+            self.ended.push_back(id.to_string());
+        }
+    }
+}
+
 /// A connection's state, as the handlers see it.
 pub struct Conn {
     pub(super) sup: Arc<Supervisor>,
@@ -32,6 +75,7 @@ pub struct Conn {
     pub(super) cancel: CancellationToken,
     pub(super) tasks: JoinSet<()>,
     pub(super) audio: AudioTurns,
+    pub(super) turn_ids: Arc<Mutex<TurnIds>>,
     /// The connection's subscriptions, by id (ended ones are dropped at the next `subscribe`).
     pub(super) subscriptions: HashMap<String, subscribe::Subscription>,
     /// The connection's `load` and `unload` requests, by id: each token is cancelled once the
@@ -48,6 +92,7 @@ impl Conn {
             cancel: CancellationToken::new(),
             tasks: JoinSet::new(),
             audio: AudioTurns::default(),
+            turn_ids: Arc::default(),
             subscriptions: HashMap::new(),
             loads: HashMap::new(),
         }
@@ -56,6 +101,7 @@ impl Conn {
     /// Whether a turn, a subscription, a load or an unload of this connection runs under `id`.
     pub(super) fn running(&self, id: &str) -> bool {
         self.sup.is_running(self.who.conn, id)
+            || self.turn_ids.lock().expect("turn ids").is_live(id)
             || self.subscriptions.get(id).is_some_and(|s| s.running())
             || self.loads.get(id).is_some_and(|ended| !ended.is_cancelled())
     }

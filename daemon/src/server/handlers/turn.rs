@@ -17,6 +17,7 @@ pub fn turn(c: &mut Conn, request: TurnRequest) {
         Err(e) if e.code == ErrorCode::DuplicateId => return c.out.notice(Some(id), e.code, e.message),
         Err(e) => return c.out.error(Some(id), e.code, e.message),
     };
+    c.turn_ids.lock().expect("turn ids").begin(&id);
     c.out.send(&Event::Accepted { id: id.clone(), pipeline: turn.pipeline.name.clone() });
     let (source, fed) = match (turn.plan.transcribe, spec) {
         (true, Some(spec)) => {
@@ -27,9 +28,11 @@ pub fn turn(c: &mut Conn, request: TurnRequest) {
         }
         _ => (None, None),
     };
-    let (sup, output, audio) = (c.sup.clone(), c.out.output(), c.audio.clone());
+    let (sup, output, audio, ids) = (c.sup.clone(), c.out.output(), c.audio.clone(), c.turn_ids.clone());
     c.tasks.spawn(async move {
         turns::run(sup, turn, source, output).await;
+        // Its final event is queued: the id is free for a new turn from here (see `TurnIds`).
+        ids.lock().expect("turn ids").end(&id);
         // This turn's input only: the id is free from the turn's end, before its final event
         // leaves, and a new audio turn under it may have registered its own meanwhile.
         if let Some(fed) = fed {
