@@ -243,19 +243,26 @@ pub fn decodes_held(role: &str) -> bool {
     holds().blocks(role, std::time::Instant::now())
 }
 
-/// Wait while speech holds the CPU or `role` is paused (at most [`MAX_HOLD`] in all).
-fn wait_for_speech(role: &str) {
+/// How often a held decode looks at its request's cancel.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Wait while speech holds the CPU or `role` is paused (at most [`MAX_HOLD`] in all), or until
+/// `stop` (the request was cancelled, or its caller left): another turn's hold kept a cancelled
+/// request, and every request queued behind it on the role, waiting up to 5 s, against "a
+/// cancel lands within a decode step". The decode then runs (one step), and the caller's own
+/// check ends the request with its cache as it is.
+fn wait_for_speech(role: &str, stop: &dyn Fn() -> bool) {
     let start = std::time::Instant::now();
     let mut h = holds();
     loop {
         let now = std::time::Instant::now();
-        if !h.blocks(role, now) {
+        if !h.blocks(role, now) || stop() {
             return;
         }
         let Some(left) = MAX_HOLD.checked_sub(start.elapsed()) else { return };
         // A handoff ends by its deadline, with no one to notify.
         let left = h.next_deadline().map_or(left, |d| left.min(d.saturating_duration_since(now)));
-        h = RELEASED.wait_timeout(h, left).unwrap_or_else(|p| p.into_inner()).0;
+        h = RELEASED.wait_timeout(h, left.min(CANCEL_POLL)).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
 
@@ -266,17 +273,19 @@ impl Compute {
 
     /// Decode `batch` in `ctx` with `role`'s `threads`: on the compute thread with
     /// `exclusive`, else right here once the threads fit in the cores other decodes leave.
+    /// `stop`: the request is cancelled (a held decode stops waiting; see `wait_for_speech`).
     pub fn decode(
         &self,
         role: &str,
         ctx: &mut LlamaContext<'_>,
         batch: &mut LlamaBatch<'_>,
         threads: u32,
+        stop: &dyn Fn() -> bool,
     ) -> Result<(), ComputeError> {
         // Each decode in the trace log (`kazeia_engine::compute=trace`): what a turn's time went
         // to, call by call (how session 29 found a Thinker token beside the first synthesis).
         let t = std::time::Instant::now();
-        wait_for_speech(role);
+        wait_for_speech(role, stop);
         let held = t.elapsed();
         let r = self.run(ctx, batch, threads);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;

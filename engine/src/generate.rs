@@ -135,6 +135,8 @@ struct Run<'a, 'c> {
     model: &'a SharedModel,
     cfg: &'a RoleParams,
     compute: &'a Compute,
+    /// The request is cancelled or its caller gone: a decode held for speech stops waiting.
+    stop: &'a dyn Fn() -> bool,
 }
 
 impl Run<'_, '_> {
@@ -304,7 +306,7 @@ impl Run<'_, '_> {
                         .add(tok, pos as i32, &[seq], logits && pos + 1 == tokens.len())
                         .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
                 }
-                if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, &mut batch, self.cfg.threads) {
+                if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, &mut batch, self.cfg.threads, self.stop) {
                     self.reset();
                     return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
                 }
@@ -368,7 +370,7 @@ impl Run<'_, '_> {
         let pos = self.cache.seq(seq as usize).len();
         batch.clear();
         batch.add(token, pos as i32, &[seq], true).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
-        if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, batch, self.cfg.threads) {
+        if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, batch, self.cfg.threads, self.stop) {
             self.reset();
             return Err(GenerateError::Decode { pos, reason: e.to_string() });
         }
@@ -503,7 +505,8 @@ pub fn run(
 ) -> u32 {
     let events = job.events.clone();
     let seq = slot(cfg, job.request.slot);
-    let mut run = Run { ctx, seq, cache, model, cfg, compute };
+    let stop = || job.cancel.is_cancelled() || job.events.is_closed();
+    let mut run = Run { ctx, seq, cache, model, cfg, compute, stop: &stop };
     let result = generate(&mut run, &job).map_err(LlmError::from);
     let generated = result.as_ref().map(|s| s.metrics.generated_tokens).unwrap_or(0);
     let _ = events.send(GenEvent::Finished(result));
@@ -867,10 +870,10 @@ pub fn run_classify(
     job: ClassifyJob,
 ) {
     let seq = slot(cfg, job.request.slot);
-    let mut run = Run { ctx, seq, cache, model, cfg, compute };
     // A caller gone (its receiver dropped: a turn that failed, or ended, while its check was
     // queued or running) is a cancel: nobody reads the verdict, and the checks behind it wait.
     let gone = || job.cancel.is_cancelled() || job.reply.is_closed();
+    let mut run = Run { ctx, seq, cache, model, cfg, compute, stop: &gone };
     let result = classify(&mut run, &job.request, &gone).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
@@ -888,7 +891,8 @@ pub fn run_prefill(
     queued: &dyn Fn() -> bool,
 ) {
     let seq = slot(cfg, job.request.slot);
-    let mut run = Run { ctx, seq, cache, model, cfg, compute };
+    let stop = || job.cancel.is_cancelled() || job.reply.is_closed() || queued();
+    let mut run = Run { ctx, seq, cache, model, cfg, compute, stop: &stop };
     let result = prefill_ahead(&mut run, &job, queued).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
@@ -940,7 +944,8 @@ fn prefill_ahead(
         // A one-token prompt: its request decodes it anyway.
         return Ok(PrefillSummary { prompt_tokens: 0, prefilled_tokens: 0, ms: t.elapsed().as_secs_f64() * 1e3 });
     }
-    let stop = || job.cancel.is_cancelled() || queued();
+    // A caller gone (a dropped `warm()`) stops it too: it decoded to its end for nobody.
+    let stop = || job.cancel.is_cancelled() || job.reply.is_closed() || queued();
     let progress = job.request.progress.as_ref();
     let role = run.cfg.role.clone();
     let stopped = || match job.cancel.is_cancelled() {

@@ -152,7 +152,7 @@ fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, cfg: &RoleParams, c
     let decoded = batch
         .add(llama_cpp_2::token::LlamaToken::new(0), 0, &[0], true)
         .map_err(|e| e.to_string())
-        .and_then(|()| compute.decode(&cfg.role, ctx, &mut batch, cfg.threads).map_err(|e| e.to_string()));
+        .and_then(|()| compute.decode(&cfg.role, ctx, &mut batch, cfg.threads, &|| false).map_err(|e| e.to_string()));
     if let Err(e) = decoded {
         tracing::debug!(role = cfg.role, "warm-up decode skipped: {e}");
     }

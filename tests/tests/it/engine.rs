@@ -1,7 +1,7 @@
 //! The shared llama.cpp engine on real models: answers, cancellation, bad files.
 
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kazeia_engine::{Engine, LoadError};
 use kazeia_ipc::{ErrorCode, Event, StopReason};
@@ -238,7 +238,7 @@ async fn unknown_role_and_context_overflow_are_clear_errors() {
 async fn a_session_longer_than_the_context_drops_its_oldest_turns() {
     let engine = Engine::new();
     load(&engine, &model_toml("thinker", &smollm2(), "n_ctx = 384"), "thinker").unwrap();
-    let sessions = kazeia_pipelines::session::Sessions::new(std::time::Duration::from_secs(600));
+    let sessions = kazeia_pipelines::session::Sessions::new(Duration::from_secs(600));
     let pipeline = Registry::builtin().get("chat").unwrap().clone();
     let (mut lengths, mut cached) = (Vec::new(), Vec::new());
     for i in 0..12 {
@@ -586,6 +586,33 @@ async fn a_spoken_units_check_pauses_the_thinker_until_the_speaker_takes_it() {
     assert!(summary.metrics.generated_tokens > 0, "{summary:?}");
     let held = summary.metrics.ttft_ms;
     assert!(held < MAX_HOLD.as_secs_f64() * 1e3, "an untaken handoff held the engine {held} ms");
+}
+
+/// A request cancelled while its decode waits on a hold (another turn's spoken unit pausing
+/// the role) ends now, the hold still on: it waited out the hold (`MAX_HOLD`, 5 s), and every
+/// request queued behind it on the role with it, against "within a decode step". The 300 ms
+/// sleep lets the prompt's decode reach the hold; too short, the test would only pass
+/// vacuously (a cancel seen before the decode), never fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_ends_a_request_held_for_speech() {
+    use kazeia_engine::{RolePause, MAX_HOLD};
+    let (held, checker) = ("held-thinker", "held-nobody");
+    let (engine, _) = two_roles(held, checker);
+    let pause = RolePause::take(held, checker);
+    let greedy = GenerateOptions { temperature: Some(0.0), max_tokens: Some(4), ..Default::default() };
+    let cancel = CancellationToken::new();
+    let rx = engine.generate(req(held, "Name a colour.", greedy), cancel.clone()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    cancel.cancel();
+    let (_, result) = collect_result(rx).await;
+    let waited = t.elapsed();
+    assert!(waited < MAX_HOLD / 2, "the cancelled request waited {waited:?} for the hold to end");
+    match result {
+        Ok(s) => assert_eq!(s.stop, StopReason::Cancelled, "{s:?}"),
+        Err(e) => assert_eq!(e.code, ErrorCode::Cancelled, "{e:?}"),
+    }
+    drop(pause);
 }
 
 /// Two turns whose pipelines swap the same two roles (one's Thinker the other's guard): each
