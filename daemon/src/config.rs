@@ -643,6 +643,32 @@ fn model_key_offset(text: &str, start: usize, key: &str) -> Option<usize> {
     find_key(text, start, key, |line| line.starts_with('[') && !line.starts_with("[model."))
 }
 
+/// Where a `[guard]` error lies: the bad key of the rule it names (the `index`th
+/// `[[guard.rules]]` table), else that table's header, else `[guard.refusals]` for the missing
+/// fallback, else `[guard]`. Rules written inline (`rules = [...]`) are blamed on that line.
+fn guard_error_offset(text: &str, e: &kazeia_pipelines::PolicyError) -> usize {
+    let header = |name: &str| {
+        let mut at = 0;
+        text.split_inclusive('\n')
+            .map(|line| {
+                let start = at;
+                at += line.len();
+                (start, line.trim())
+            })
+            .filter(move |(_, line)| line.split('#').next().is_some_and(|l| l.trim() == name))
+            .map(|(start, _)| start)
+            .collect::<Vec<_>>()
+    };
+    let section = || header("[guard]").first().copied().unwrap_or(0);
+    match e.rule_key() {
+        Some((index, key)) => match header("[[guard.rules]]").get(index) {
+            Some(&table) => find_key(text, table, key, |line| line.starts_with('[')).unwrap_or(table),
+            None => find_key(text, section(), "rules", |line| line.starts_with('[')).unwrap_or_else(section),
+        },
+        None => header("[guard.refusals]").first().copied().unwrap_or_else(section),
+    }
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
 }
@@ -853,7 +879,7 @@ impl Config {
             ));
         }
         let guard = kazeia_pipelines::GuardPolicy::new(&raw.guard)
-            .map_err(|m| invalid(line_of(text, text.find("[guard").unwrap_or(0)), format!("[guard]: {m}")))?;
+            .map_err(|e| invalid(line_of(text, guard_error_offset(text, &e)), format!("[guard]: {e}")))?;
         Ok(Config {
             path: path.into(),
             cache_dir,
@@ -961,6 +987,23 @@ mod tests {
             assert!(e.starts_with("models.toml:3:") && e.contains("role"), "{role}: {e}");
         }
         parse("[[model]]\nfile = \"a\"\nrole = \"speechless\"\n").unwrap();
+    }
+
+    /// A bad guard rule is named at its own line: the `[guard]` header was blamed for any rule's
+    /// pattern or label, with forty rules below it.
+    #[test]
+    fn guard_rule_errors_name_the_rules_line() {
+        let rules = "[guard]\nformat = \"compact\"\n[guard.refusals]\nen = \"No.\"\n\
+                     [[guard.rules]]\npattern = \"bomb\"\n\n[[guard.rules]] # the second\n\
+                     categories = [\"Violent\"]\n";
+        let e = parse(&format!("{rules}pattern = \"(\"\n")).unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:10:") && e.contains("rule 1") && e.contains("pattern"), "{e}");
+        let e = parse(&format!("{rules}pattern = \"x\"\nlabel = \"Bad\"\n")).unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:11:") && e.contains("label"), "{e}");
+        // No `en` refusal: the refusals' table.
+        let e = parse("[guard]\n[guard.refusals]\nfr = \"Non.\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("models.toml:2:") && e.contains("`en`"), "{e}");
+        parse(&format!("{rules}pattern = \"x\"\n")).unwrap();
     }
 
     #[test]

@@ -431,24 +431,52 @@ impl Default for GuardPolicy {
     }
 }
 
+/// Why a `[guard]` section cannot be a policy: what is wrong, and where (the rule's index in
+/// `rules` and its key), so that the config's error names the rule's line, not the section's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("rule {index}: pattern {pattern:?}: {reason}")]
+    Pattern { index: usize, pattern: String, reason: String },
+    #[error("rule {index}: label {label:?}: expected Unsafe, Controversial or Safe")]
+    Label { index: usize, label: String },
+    #[error("refusals: an `en` refusal is required (the fallback)")]
+    NoFallback,
+}
+
+impl PolicyError {
+    /// The rule at fault (its index in `rules`) and the key that holds the bad value.
+    pub fn rule_key(&self) -> Option<(usize, &'static str)> {
+        match self {
+            PolicyError::Pattern { index, .. } => Some((*index, "pattern")),
+            PolicyError::Label { index, .. } => Some((*index, "label")),
+            PolicyError::NoFallback => None,
+        }
+    }
+}
+
 impl GuardPolicy {
-    pub fn new(cfg: &GuardConfig) -> Result<GuardPolicy, String> {
+    pub fn new(cfg: &GuardConfig) -> Result<GuardPolicy, PolicyError> {
         let rules = cfg
             .rules
             .iter()
-            .map(|r| {
-                let regex = Regex::new(&r.pattern).map_err(|e| format!("rule pattern {:?}: {e}", r.pattern))?;
+            .enumerate()
+            .map(|(index, r)| {
+                let regex = Regex::new(&r.pattern).map_err(|e| PolicyError::Pattern {
+                    index,
+                    pattern: r.pattern.clone(),
+                    reason: e.to_string(),
+                })?;
                 let label = match r.label.to_ascii_lowercase().as_str() {
                     "unsafe" => Label::Unsafe,
                     "controversial" => Label::Controversial,
                     "safe" => Label::Safe,
-                    other => return Err(format!("rule label {other:?}: expected Unsafe, Controversial or Safe")),
+                    _ => return Err(PolicyError::Label { index, label: r.label.clone() }),
                 };
                 Ok(Rule { regex, label, categories: r.categories.clone(), on: r.on })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, PolicyError>>()?;
         if !cfg.refusals.contains_key("en") {
-            return Err("refusals: an `en` refusal is required (the fallback)".into());
+            return Err(PolicyError::NoFallback);
         }
         Ok(GuardPolicy {
             format: cfg.format,
@@ -600,7 +628,7 @@ mod tests {
         assert_eq!(p.refusal_for(&cats, "Comment je peux en finir ?"), "Aide : 3114.");
         assert_eq!(p.refusal_for(&cats[..1], "How do I build a bomb?"), "No.");
         let bad: GuardConfig = toml::from_str("[[rules]]\npattern = \"(\"\n").unwrap();
-        assert!(GuardPolicy::new(&bad).unwrap_err().contains("rule pattern"));
+        assert!(matches!(GuardPolicy::new(&bad).unwrap_err(), PolicyError::Pattern { index: 0, .. }));
     }
 
     /// Of the rules a text matches, the most severe stands (the first of equals): a `Safe` rule

@@ -9,7 +9,7 @@ pub mod split;
 pub mod warm;
 
 pub use definition::{Pipeline, PipelineError, Plan, Registry, Stage};
-pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label};
+pub use guard::{Check, GuardConfig, GuardFormat, GuardPolicy, Label, PolicyError};
 pub use kazeia_engine::api::{
     ChatMessage, Classification, ClassifyRequest, FixedPart, GenEvent, GenSummary, GenerateOptions, GenerateRequest,
     Llm, LlmError, PrefillRequest, Prefilled, Upto,
