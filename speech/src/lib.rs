@@ -91,19 +91,7 @@ impl Transcriber {
         if audio.len() <= MAX {
             return Ok(vec![Segment { start: 0, end: audio.len() }]);
         }
-        let mut out: Vec<Segment> = Vec::new();
-        for seg in self.vad.segments(audio)? {
-            let mut s = seg;
-            while s.end - s.start > MAX {
-                out.push(Segment { start: s.start, end: s.start + MAX });
-                s.start += MAX;
-            }
-            match out.last_mut() {
-                Some(w) if s.end - w.start <= MAX => w.end = s.end,
-                _ => out.push(s),
-            }
-        }
-        Ok(out)
+        Ok(pack(self.vad.segments(audio)?, MAX))
     }
 
     /// A turn's transcript, on the window [`Transcriber::turn_window_margin`] says.
@@ -269,4 +257,73 @@ pub fn voice(spec: &VoiceSpec, threads: usize, backend: Backend, noise: bool) ->
 /// The VAD's silence default, for config.
 pub fn default_vad_silence() -> Duration {
     VadParams::default().min_silence
+}
+
+/// The VAD's utterances (in order, apart) packed into windows of at most `max` samples: an
+/// utterance joins the window before it when the two fit in `max` together (the silence
+/// between them too), one longer than `max` is cut every `max` samples.
+fn pack(segments: impl IntoIterator<Item = Segment>, max: usize) -> Vec<Segment> {
+    let mut out: Vec<Segment> = Vec::new();
+    for mut s in segments {
+        while s.end - s.start > max {
+            out.push(Segment { start: s.start, end: s.start + max });
+            s.start += max;
+        }
+        match out.last_mut() {
+            Some(w) if s.end - w.start <= max => w.end = s.end,
+            _ => out.push(s),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod pack_tests {
+    use super::{pack, Segment};
+
+    fn seg(start: usize, end: usize) -> Segment {
+        Segment { start, end }
+    }
+
+    #[test]
+    fn utterances_share_a_window_while_they_fit() {
+        assert_eq!(pack([seg(0, 10), seg(20, 30), seg(35, 45)], 40), [seg(0, 30), seg(35, 45)]);
+        assert_eq!(pack([seg(0, 10), seg(20, 40)], 40), [seg(0, 40)], "exactly the window");
+        assert_eq!(pack([seg(5, 100)], 40), [seg(5, 45), seg(45, 85), seg(85, 100)]);
+        assert_eq!(pack([seg(0, 80)], 40), [seg(0, 40), seg(40, 80)], "no empty tail");
+        // A long utterance's tail does not join the window it was cut from, but the next one.
+        assert_eq!(pack([seg(0, 50), seg(55, 60)], 40), [seg(0, 40), seg(40, 60)]);
+        assert!(pack([], 40).is_empty());
+    }
+
+    /// Every utterance's audio is in exactly one window, windows are in order, apart, at most
+    /// `max` long, and each starts and ends at an utterance's sample (or a cut of one).
+    #[test]
+    fn windows_cover_every_utterance_once() {
+        let mut rng = 0x2545_f491_u64;
+        let mut next = |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        for _ in 0..2000 {
+            let max = 1 + next(60);
+            let (mut at, mut segs) = (0, Vec::new());
+            for _ in 0..next(8) {
+                let start = at + next(30);
+                let end = start + 1 + next(150);
+                segs.push(seg(start, end));
+                at = end + 1;
+            }
+            let windows = pack(segs.clone(), max);
+            assert!(windows.iter().all(|w| w.start < w.end && w.end - w.start <= max), "{max} {windows:?}");
+            assert!(windows.windows(2).all(|p| p[0].end <= p[1].start), "{windows:?}");
+            for s in &segs {
+                let covered: usize =
+                    windows.iter().map(|w| w.end.min(s.end).saturating_sub(w.start.max(s.start))).sum();
+                assert_eq!(covered, s.end - s.start, "{s:?} in {windows:?} (max {max})");
+            }
+        }
+    }
 }

@@ -176,12 +176,14 @@ fn each_clause(
             let out = without_language_marks(&String::from_utf8_lossy(&o.stdout));
             ipa = out.split_whitespace().collect::<Vec<_>>().join(" ");
         }
-        if let Some(p) = punct {
-            ipa.push(p);
-        }
         clause.clear();
+        // Nothing to say ("Yes. . .", a lone dash or emoji espeak-ng writes nothing for): the
+        // punctuation alone was a vocoder run of its own, a breath of noise between clauses.
         if ipa.is_empty() {
             return Ok(true);
+        }
+        if let Some(p) = punct {
+            ipa.push(p);
         }
         each(ipa)
     };
@@ -727,6 +729,15 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, all[..2]);
+    }
+
+    /// A clause with nothing to say is not a run of its own: "Yes. . ." gave the vocoder a "."
+    /// and a "." alone, each a breath of noise.
+    #[test]
+    fn punctuation_alone_is_no_clause() {
+        let all = super::phonemize_clauses("Yes. . . Paris , — is it?", "en-us").unwrap();
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all.iter().all(|c| c.chars().any(|ch| ch.is_alphabetic())), "{all:?}");
     }
 
     /// Text in espeak-ng's phoneme brackets is read as the characters it is, not as phonemes:

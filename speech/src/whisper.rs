@@ -560,7 +560,25 @@ fn cut_loop(out: &mut Vec<u32>, lps: &mut Vec<f32>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{cut_loop, looping};
+    use super::{cut_loop, guess, looping};
+
+    /// The hint's rest while the output follows it; after a changed word, what follows the
+    /// hint's last occurrence of the output's last two tokens; nothing past its end.
+    #[test]
+    fn the_hint_guesses_what_follows() {
+        let hint = [1, 2, 3, 4, 5, 6];
+        assert_eq!(guess(&hint, &[], 3), [1, 2, 3]);
+        assert_eq!(guess(&hint, &[1, 2], 8), [3, 4, 5, 6]);
+        assert_eq!(guess(&hint, &[1, 2, 3, 4, 5, 6], 8), [] as [u32; 0], "the hint said all it knew");
+        assert_eq!(guess(&hint, &[1, 2, 3, 4, 5, 6, 7], 8), [] as [u32; 0]);
+        // "one two three" heard "one too three": back on the hint after the changed word.
+        assert_eq!(guess(&hint, &[1, 9, 3, 4], 2), [5, 6]);
+        assert_eq!(guess(&[7, 8, 1, 7, 8, 2], &[5, 7, 8], 4), [2], "its last occurrence");
+        assert_eq!(guess(&hint, &[9], 4), [] as [u32; 0], "one changed token says nothing");
+        assert_eq!(guess(&hint, &[9, 8], 4), [] as [u32; 0]);
+        assert_eq!(guess(&[], &[1, 2], 4), [] as [u32; 0]);
+        assert_eq!(guess(&hint, &[1], 0), [] as [u32; 0]);
+    }
 
     #[test]
     fn a_loop_keeps_one_turn() {

@@ -144,14 +144,21 @@ pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, 
                 let role = &plan.roles[rng.usize(..plan.roles.len())];
                 let unloaded = request(&c, Request::Unload { id: c.new_id(), role: role.clone() }).await;
                 let loaded = request(&c, Request::Load { id: c.new_id(), role: role.clone() }).await;
-                match (unloaded, loaded) {
-                    (_, Event::Loaded { .. }) => counts.reloads.fetch_add(1, Ordering::Relaxed),
+                let counted = match (unloaded, loaded) {
+                    (Event::Unloaded { .. }, Event::Loaded { .. }) => {
+                        counts.reloads.fetch_add(1, Ordering::Relaxed);
+                        &counts.done
+                    }
+                    // Another client's turn used the role: nothing was unloaded, so nothing was
+                    // reloaded (the load answers `loaded` for a model already in place).
+                    (Event::Error { code: ErrorCode::Busy, .. }, Event::Loaded { .. }) => &counts.busy,
                     (u, l) => {
                         tracing::warn!("reload of {role}: {u:?} then {l:?}");
-                        counts.errors.fetch_add(1, Ordering::Relaxed)
+                        counts.errors.fetch_add(1, Ordering::Relaxed);
+                        &counts.done
                     }
                 };
-                counts.done.fetch_add(1, Ordering::Relaxed);
+                counted.fetch_add(1, Ordering::Relaxed);
             }
             Step::Status => {
                 c.status().await.map_err(|e| format!("status: {e}"))?;

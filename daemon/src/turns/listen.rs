@@ -422,10 +422,13 @@ fn listen(
         *checks += 1;
         let t = Instant::now();
         // The verdict first: the user is waiting on it, and an early reply's decodes beside it
-        // slowed it several times over on 2 cores.
+        // slowed it several times over on 2 cores. The model's lock first: another turn's
+        // verdict may hold it, and the decodes need not wait on that wait too.
+        let mut model = m.lock().expect("end-of-turn model");
         let hold = kazeia_engine::SpeechHold::take();
-        let verdict = m.lock().expect("end-of-turn model").probability(utterance);
+        let verdict = model.probability(utterance);
         drop(hold);
+        drop(model);
         *check_ms = t.elapsed().as_secs_f64() * 1e3;
         match verdict {
             Ok(p) => {
