@@ -1,7 +1,7 @@
 //! Talking to the daemon: connect (a clear error when none runs) and follow a request's events
 //! to its final one.
 
-use kazeia_ipc::{Client, ClientError, ErrorCode, Event, Incoming};
+use kazeia_ipc::{Client, ClientError, ErrorCode, Event, Incoming, Request};
 use tokio::sync::mpsc;
 
 use super::{ClientArgs, Exit, Printer};
@@ -65,4 +65,17 @@ pub async fn follow(
     }
     printer.error(ErrorCode::Engine, "the daemon closed the connection".into());
     Exit::Failed
+}
+
+/// A request with one answer (`status`, `load`, `unload`): sent, then its events printed to
+/// that answer.
+pub async fn one_answer(args: ClientArgs, make: impl FnOnce(String) -> Request) -> Exit {
+    let printer = Printer::new(args.json);
+    let Some(client) = connect(&args, &printer).await else { return Exit::Failed };
+    let rx = match client.send(make(client.new_id())).await {
+        Ok(rx) => rx,
+        Err(e) => return not_sent(&printer, &e),
+    };
+    let last = |ev: &Event| matches!(ev, Event::Status { .. } | Event::Loaded { .. } | Event::Unloaded { .. });
+    follow(&printer, rx, last, |_| {}, |_| {}).await
 }

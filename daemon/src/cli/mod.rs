@@ -6,12 +6,16 @@
 
 mod args;
 mod ask;
+mod cancel;
 mod client;
+mod load;
 mod plan;
 pub(crate) mod print;
-mod request;
 mod run;
 mod serve;
+mod soak;
+mod status;
+mod unload;
 
 use clap::{Parser, Subcommand};
 use kazeia_ipc::ErrorCode;
@@ -166,14 +170,12 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Run(args) => run::run(args).await,
         Command::Serve(args) => serve::serve(args).await,
         Command::Ask(args) => ask::ask(args).await,
-        Command::Status(c) => request::simple(c, |id| kazeia_ipc::Request::Status { id }).await,
-        Command::Cancel { id, client } => request::cancel(client, id).await,
-        Command::Load { role, client } => request::simple(client, |id| kazeia_ipc::Request::Load { id, role }).await,
-        Command::Unload { role, client } => {
-            request::simple(client, |id| kazeia_ipc::Request::Unload { id, role }).await
-        }
+        Command::Status(c) => status::status(c).await,
+        Command::Cancel { id, client } => cancel::cancel(client, id).await,
+        Command::Load { role, client } => load::load(client, role).await,
+        Command::Unload { role, client } => unload::unload(client, role).await,
         Command::Plan { common, json } => plan::plan(&common, json),
-        Command::Soak(args) => request::soak(args).await,
+        Command::Soak(args) => soak::soak(args).await,
     };
     // The turn was cancelled cleanly (its `done` came), but the person stopped it.
     if interrupted() {

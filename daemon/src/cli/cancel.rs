@@ -1,42 +1,25 @@
-//! The daemon's one-answer requests: `status`, `load`, `unload`, `cancel`; and `soak`, which
-//! drives it.
+//! `kazeia cancel <id>`: stop a running request. A cancel has no answer of its own unless it
+//! fails, so a `status` sent behind it on the same connection tells when it was taken.
 
 use std::time::Duration;
 
 use kazeia_ipc::{ErrorCode, Event, Incoming, Request};
 
-use super::client::{connect, follow};
+use super::client::{connect, not_sent};
 use super::{ClientArgs, Exit, Printer};
-
-pub async fn simple(args: ClientArgs, make: impl FnOnce(String) -> Request) -> Exit {
-    let printer = Printer::new(args.json);
-    let Some(client) = connect(&args, &printer).await else { return Exit::Failed };
-    let rx = match client.send(make(client.new_id())).await {
-        Ok(rx) => rx,
-        Err(e) => {
-            printer.error(ErrorCode::Engine, e.to_string());
-            return Exit::Failed;
-        }
-    };
-    let last = |ev: &Event| matches!(ev, Event::Status { .. } | Event::Loaded { .. } | Event::Unloaded { .. });
-    follow(&printer, rx, last, |_| {}, |_| {}).await
-}
 
 pub async fn cancel(args: ClientArgs, id: String) -> Exit {
     let printer = Printer::new(args.json);
     let Some(client) = connect(&args, &printer).await else { return Exit::Failed };
     let mut rx = match client.send(Request::Cancel { id: id.clone() }).await {
         Ok(rx) => rx,
-        Err(e) => return super::client::not_sent(&printer, &e),
+        Err(e) => return not_sent(&printer, &e),
     };
     // A cancel has no answer of its own unless it fails: a status request behind it on the same
     // connection is answered after it, so its answer means the cancel was taken.
     let mut st = match client.send(Request::Status { id: client.new_id() }).await {
         Ok(rx) => rx,
-        Err(e) => {
-            printer.error(ErrorCode::Engine, e.to_string());
-            return Exit::Failed;
-        }
+        Err(e) => return not_sent(&printer, &e),
     };
     tokio::select! {
         Some(Incoming::Event(ev @ Event::Error { .. })) = rx.recv() => {
@@ -70,24 +53,6 @@ pub async fn cancel(args: ClientArgs, id: String) -> Exit {
         }
         _ = tokio::time::sleep(Duration::from_secs(30)) => {
             printer.error(ErrorCode::Engine, "the daemon did not answer".into());
-            Exit::Failed
-        }
-    }
-}
-
-pub async fn soak(args: crate::soak::SoakArgs) -> Exit {
-    let printer = Printer::new(args.json);
-    let socket = args.socket.clone().unwrap_or_else(crate::server::default_path);
-    if let Err(e) = crate::soak::check_outputs(&args) {
-        printer.error(ErrorCode::BadRequest, format!("soak: {e:#}"));
-        return Exit::Usage;
-    }
-    // Past the arguments, an error is the run's (no daemon, a daemon gone): as `ask`'s, exit 1.
-    match crate::soak::run(args, socket).await {
-        Ok(v) if v.passed() => Exit::Ok,
-        Ok(_) => Exit::Failed,
-        Err(e) => {
-            printer.error(ErrorCode::Engine, format!("soak: {e:#}"));
             Exit::Failed
         }
     }
