@@ -1,6 +1,9 @@
 // Why: one connection to the daemon: the handshake, a reader thread that routes every frame
 // by request id to its open request, and the requests themselves (turn, status, load,
 // unload, subscribe, cancel). Thread-safe: requests may run concurrently on one Client.
+// Listeners are called one event at a time per request, never after its final event, and what
+// they throw is logged, never let out: it must not kill the reader thread (every request would
+// then wait for its timeout) nor reach an uncaught-exception handler (on Android: the app dies).
 package org.kazeia.client;
 
 import java.io.IOException;
@@ -20,16 +23,37 @@ import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
 import java.util.function.DoubleConsumer;
 import java.util.function.Predicate;
+import java.util.logging.Level;
+import java.util.logging.Logger;
 
 public final class Client implements AutoCloseable {
     /** The protocol version this library speaks. */
     public static final int PROTOCOL = 1;
     /** Frame limit assumed until welcome says otherwise (PROTOCOL.md §2). */
     private static final int DEFAULT_MAX_FRAME = 1 << 20;
+    /**
+     * After a write failed, how long the reader may go on reading what the daemon sent before
+     * it closed (a turn's done, a connection-level error's code) before the socket is closed.
+     */
+    private static final long DRAIN_MS = 2000;
+    private static final Logger LOG = Logger.getLogger("org.kazeia.client");
+
+    /**
+     * An open request's route and the lock its deliveries take: the reader's, and the final
+     * error a closing thread gives it, come one at a time. A lock of the library's own: an
+     * application holding a Turn's monitor cannot block the reader.
+     */
+    private static final class Open {
+        final Route route;
+
+        Open(Route route) {
+            this.route = route;
+        }
+    }
 
     private final Transport transport;
     private final Options options;
-    private final Map<String, Route> routes = new ConcurrentHashMap<>();
+    private final Map<String, Open> routes = new ConcurrentHashMap<>();
     private final Object writeLock = new Object();
     private final String idPrefix;
     private final AtomicLong nextId = new AtomicLong(1);
@@ -46,6 +70,11 @@ public final class Client implements AutoCloseable {
     private volatile KazeiaException closedBy;
     /** The last connection-level error: when the daemon then closes, it is the reason. */
     private volatile Event.Error lastConnectionError;
+    /**
+     * Why a write failed, set once: nothing is sent after it, but the socket stays open for the
+     * reader to drain (bounded by {@link #DRAIN_MS}); its end of stream then ends the connection.
+     */
+    private volatile KazeiaException writeFailed;
 
     private Client(Transport transport, Options options) {
         this.transport = transport;
@@ -122,7 +151,7 @@ public final class Client implements AutoCloseable {
             throw k;
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            KazeiaException k = new KazeiaException(ErrorCode.CONNECTION_CLOSED, "interrupted during the handshake");
+            KazeiaException k = new KazeiaException(ErrorCode.INTERRUPTED, "interrupted during the handshake");
             shutdown(k);
             throw k;
         }
@@ -214,6 +243,7 @@ public final class Client implements AutoCloseable {
      * or the subscription is closed. Waits for the first status (also given to the listener).
      */
     public Subscription subscribe(Consumer<StatusReport> listener) {
+        notOnReader(); // before the request leaves: it would run on, and its caller be told it failed
         String id = newId();
         Subscription s = new Subscription(this, id, listener);
         open(id, s, Frames.json(request("subscribe", id, null)));
@@ -254,18 +284,20 @@ public final class Client implements AutoCloseable {
 
     /** Register a route under {@code id}, then send its request frame. */
     void open(String id, Route route, byte[] frame) {
+        Open o = new Open(route);
         synchronized (routes) {
-            if (closing != null) {
-                throw closing.forRequest(id);
+            KazeiaException c = closing != null ? closing : writeFailed;
+            if (c != null) {
+                throw c.forRequest(id);
             }
-            if (routes.putIfAbsent(id, route) != null) {
+            if (routes.putIfAbsent(id, o) != null) {
                 throw new KazeiaException(ErrorCode.DUPLICATE_ID, "request " + id + " is already open on this client", id, null);
             }
         }
         try {
             send(frame);
         } catch (KazeiaException e) {
-            routes.remove(id, route);
+            routes.remove(id, o);
             throw e.forRequest(id);
         }
     }
@@ -293,6 +325,9 @@ public final class Client implements AutoCloseable {
                 result.completeExceptionally(e);
             }
         };
+        // Before the request leaves: from a listener, it would run (a role really unloaded) and
+        // its caller be told it failed.
+        notOnReader();
         open(id, r, Frames.json(req));
         Event e = waitFor(result, timeout, id);
         if (e instanceof Event.Error) {
@@ -301,22 +336,25 @@ public final class Client implements AutoCloseable {
         return e;
     }
 
-    /** Wait for a request's answer; on timeout the request is forgotten (its late answer goes to onEvent). */
+    /**
+     * Wait for a request's answer; on timeout the request is forgotten (its late answer goes to
+     * onEvent). An interrupt throws code interrupted, the flag set again; the request stays open.
+     */
     <T> T waitFor(CompletableFuture<T> f, Duration timeout, String id) {
         notOnReader();
         try {
             return f.get(timeout.toMillis(), TimeUnit.MILLISECONDS);
         } catch (TimeoutException e) {
-            Route r = routes.get(id);
-            if (r != null) {
-                routes.remove(id, r);
+            Open o = routes.get(id);
+            if (o != null) {
+                routes.remove(id, o);
             }
             throw new KazeiaException(ErrorCode.TIMEOUT, "no answer to " + id + " within " + timeout, id, null);
         } catch (ExecutionException e) {
             throw asKazeia(e.getCause()).forRequest(id);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            throw new KazeiaException(ErrorCode.TIMEOUT, "interrupted while waiting for " + id, id, e);
+            throw new KazeiaException(ErrorCode.INTERRUPTED, "interrupted while waiting for " + id, id, e);
         }
     }
 
@@ -330,7 +368,7 @@ public final class Client implements AutoCloseable {
     /** Write one whole frame, refusing it here when it is over the daemon's max_frame. */
     void send(byte[] frame) {
         checkLength(frame.length - 4L);
-        KazeiaException c = closing;
+        KazeiaException c = closing != null ? closing : writeFailed;
         if (c != null) {
             throw new KazeiaException(c.code(), c.messageOnly());
         }
@@ -339,23 +377,53 @@ public final class Client implements AutoCloseable {
                 transport.write(frame, 0, frame.length);
             }
         } catch (IOException e) {
-            shutdown(new KazeiaException(ErrorCode.CONNECTION_CLOSED, "cannot write to the daemon: " + e.getMessage(), null, e));
             KazeiaException why = closing;
+            if (why == null) {
+                why = new KazeiaException(ErrorCode.CONNECTION_CLOSED, "cannot write to the daemon: " + e.getMessage(), null, e);
+                writeFailed(why);
+            }
             throw new KazeiaException(why.code(), why.messageOnly());
         }
     }
 
+    /**
+     * A write failed (the daemon closed, or the socket broke): send nothing more, but leave the
+     * socket to the reader until its end of stream, at most {@link #DRAIN_MS}. Closing it at
+     * once threw away what the daemon had sent before closing: a turn's real done, or the
+     * connection-level error whose code the open requests must end with.
+     */
+    private void writeFailed(KazeiaException why) {
+        synchronized (routes) {
+            if (closing != null || writeFailed != null) {
+                return;
+            }
+            writeFailed = why;
+        }
+        Thread drain = new Thread(() -> {
+            try {
+                reader.join(DRAIN_MS);
+            } catch (InterruptedException e) {
+                // nobody interrupts this thread; end the connection now if one does
+            }
+            shutdown(why); // nothing when the reader's end of stream ended the connection first
+        }, "kazeia-drain");
+        drain.setDaemon(true);
+        drain.start();
+    }
+
+    /** The daemon's max_frame (welcome's, or the protocol's default before it). */
+    int maxFrame() {
+        Welcome w = welcome;
+        return w != null ? w.limits().maxFrame() : DEFAULT_MAX_FRAME;
+    }
+
     /** Refuse (before sending) a frame whose length is over the daemon's max_frame. */
     void checkLength(long length) {
-        int limit = welcome != null ? welcome.limits().maxFrame() : DEFAULT_MAX_FRAME;
+        int limit = maxFrame();
         if (length > limit) {
             throw new KazeiaException(ErrorCode.FRAME_TOO_LARGE, "a frame of " + length
                     + " bytes is over the daemon's limit of " + limit + " bytes (welcome limits.max_frame); not sent");
         }
-    }
-
-    void forget(String id, Route route) {
-        routes.remove(id, route);
     }
 
     static KazeiaException asKazeia(Throwable t) {
@@ -369,7 +437,7 @@ public final class Client implements AutoCloseable {
 
     private void readLoop() {
         FrameReader in = new FrameReader(transport);
-        KazeiaException end;
+        KazeiaException end = null;
         try {
             while (true) {
                 Welcome w = welcome;
@@ -380,16 +448,25 @@ public final class Client implements AutoCloseable {
                     end = closedByDaemon("the daemon closed the connection");
                     break;
                 }
+                if (closing != null) {
+                    // Ended (close(), …): frames still in the buffer are about requests that
+                    // have had their final event.
+                    break;
+                }
                 dispatch(f);
             }
         } catch (KazeiaException e) {
             end = e;
         } catch (IOException e) {
             end = closedByDaemon("connection lost: " + e.getMessage());
-        } catch (RuntimeException e) {
+        } catch (Throwable e) {
+            // An Error too: a reader gone without shutdown left isOpen() true and every request
+            // waiting for its timeout.
             end = new KazeiaException(ErrorCode.UNEXPECTED, "reader failed: " + e, null, e);
+        } finally {
+            shutdown(end != null ? end : closing != null ? closing
+                    : new KazeiaException(ErrorCode.UNEXPECTED, "the reader ended"));
         }
-        shutdown(end);
     }
 
     private KazeiaException closedByDaemon(String what) {
@@ -446,27 +523,41 @@ public final class Client implements AutoCloseable {
             lastConnectionError = e;
             handshake.completeExceptionally(e.exception());
         } else {
-            handshake.completeExceptionally(new KazeiaException(ErrorCode.UNEXPECTED, "expected welcome, got " + Json.write(m)));
+            // Cut: the daemon's frame may be 1 MiB, too much for an exception's message.
+            String got = Json.write(m);
+            if (got.length() > 200) {
+                got = got.substring(0, 200) + "…";
+            }
+            handshake.completeExceptionally(new KazeiaException(ErrorCode.UNEXPECTED, "expected welcome, got " + got));
         }
     }
 
     private void route(Event ev) {
         String id = ev.id();
-        Route r = id == null ? null : routes.get(id);
-        if (r == null) {
+        Open o = id == null ? null : routes.get(id);
+        if (o == null) {
             if (id == null && ev instanceof Event.Error) {
                 lastConnectionError = (Event.Error) ev;
             }
             orphan(ev);
             return;
         }
-        if (r.isFinal(ev)) {
-            routes.remove(id, r);
+        boolean fin = o.route.isFinal(ev);
+        synchronized (o) {
+            // Delivered only while the route is still this request's, and a final event only by
+            // whoever removes it: shutdown on another thread may have ended it (with
+            // connection_closed) since the lookup, and a second final event followed.
+            if (fin ? routes.remove(id, o) : routes.get(id) == o) {
+                try {
+                    o.route.deliver(ev);
+                } catch (Throwable e) {
+                    report(e);
+                }
+                return;
+            }
         }
-        try {
-            r.deliver(ev);
-        } catch (RuntimeException e) {
-            report(e);
+        if (closing == null) {
+            orphan(ev); // forgotten meanwhile (its wait timed out): as if it had come after
         }
     }
 
@@ -484,23 +575,28 @@ public final class Client implements AutoCloseable {
         if (listener != null) {
             try {
                 listener.accept(value);
-            } catch (RuntimeException e) {
+            } catch (Throwable e) {
                 report(e);
             }
         }
     }
 
-    /** A listener threw: it must not kill the reader; hand it to the thread's handler. */
+    /**
+     * A listener threw (an Error too: Kotlin's TODO(), an assert): logged, never rethrown. It
+     * must not kill the reader, and the thread's uncaught-exception handler, which it once went
+     * to, kills the app on Android.
+     */
     private static void report(Throwable t) {
-        Thread th = Thread.currentThread();
-        th.getUncaughtExceptionHandler().uncaughtException(th, t);
+        LOG.log(Level.WARNING, "a Kazeia listener threw; the connection goes on", t);
     }
 
     /**
      * End the connection once: close the socket, tell the {@code onClosed} listener, then end
      * every open request with {@code reason}. The listener comes first so that whoever wakes up
      * on a request's end already finds the connection reported closed (the other order was a
-     * race a test caught: a request's end seen before the listener ran).
+     * race a test caught: a request's end seen before the listener ran). A request's end waits
+     * for a delivery the reader is making to it (its lock), and is not given once the reader
+     * gave it its final event.
      */
     private void shutdown(KazeiaException reason) {
         synchronized (routes) {
@@ -513,12 +609,15 @@ public final class Client implements AutoCloseable {
         handshake.completeExceptionally(reason);
         tell(options.onClosed(), reason);
         closedBy = reason;
-        for (Map.Entry<String, Route> e : routes.entrySet()) {
-            if (routes.remove(e.getKey(), e.getValue())) {
-                try {
-                    e.getValue().fail(reason.forRequest(e.getKey()));
-                } catch (RuntimeException ex) {
-                    report(ex);
+        for (Map.Entry<String, Open> e : routes.entrySet()) {
+            Open o = e.getValue();
+            synchronized (o) {
+                if (routes.remove(e.getKey(), o)) {
+                    try {
+                        o.route.fail(reason.forRequest(e.getKey()));
+                    } catch (Throwable ex) {
+                        report(ex);
+                    }
                 }
             }
         }

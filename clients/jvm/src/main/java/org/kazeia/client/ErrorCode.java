@@ -47,6 +47,11 @@ public final class ErrorCode {
     public static final String CONNECT_FAILED = "connect_failed";
     /** Nothing arrived within the configured time. */
     public static final String TIMEOUT = "timeout";
+    /**
+     * The waiting thread was interrupted (its interrupt flag is set again): the request goes on,
+     * the connection stays open. Not {@link #TIMEOUT}, which cancels a turn.
+     */
+    public static final String INTERRUPTED = "interrupted";
     /** The daemon answered something the protocol does not allow here. */
     public static final String UNEXPECTED = "unexpected";
 

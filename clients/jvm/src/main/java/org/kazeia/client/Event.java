@@ -77,12 +77,23 @@ public sealed interface Event {
     }
 
     /**
-     * An audio frame (kind 0x02): mono or interleaved s16le PCM. {@code pcm} is a read-only,
-     * little-endian buffer; it may be empty (e.g. the flagged last frame of a reply).
+     * An audio frame (kind 0x02): mono or interleaved s16le PCM. {@code pcm()} is a read-only,
+     * little-endian buffer, a view of its own at each call; it may be empty (e.g. the flagged
+     * last frame of a reply).
      */
     record Audio(String id, int sampleRate, int channels, boolean last, ByteBuffer pcm) implements Event {
         public Audio {
             pcm = pcm.asReadOnlyBuffer().order(ByteOrder.LITTLE_ENDIAN);
+        }
+
+        /**
+         * A new view each call (duplicate() resets the order: little-endian set again): one
+         * buffer shared by every caller had one position, and a reader that consumed it left
+         * the next one an empty frame.
+         */
+        @Override
+        public ByteBuffer pcm() {
+            return pcm.duplicate().order(ByteOrder.LITTLE_ENDIAN);
         }
 
         /** Sample frames in this chunk (samples per channel). */

@@ -6,9 +6,16 @@ interface Route {
     /** Whether {@code e} is this request's last event (the reader then forgets the id first). */
     boolean isFinal(Event e);
 
-    /** Called on the reader thread, in arrival order. */
+    /**
+     * Called on the reader thread, in arrival order, one at a time with {@link #fail} (the
+     * Client's lock for the request); a final event only if {@link #fail} did not come first.
+     */
     void deliver(Event e);
 
-    /** The connection ended before the final event: end the request with this error. */
+    /**
+     * The connection ended before the final event: end the request with this error. Called on
+     * the thread that ended it (the reader, or one calling close()), at most once, never after
+     * a final event was delivered.
+     */
     void fail(KazeiaException e);
 }

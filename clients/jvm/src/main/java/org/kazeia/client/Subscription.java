@@ -37,6 +37,15 @@ public final class Subscription implements Route, AutoCloseable {
             client.waitFor(first, timeout, id);
         } catch (KazeiaException e) {
             closed = true;
+            if (ErrorCode.TIMEOUT.equals(e.code()) || ErrorCode.INTERRUPTED.equals(e.code())) {
+                // The daemon may hold it open (its first status late): it would push on, and
+                // count against the connection's 16, for a subscription its caller never got.
+                try {
+                    client.cancel(id);
+                } catch (KazeiaException ignored) {
+                    // the connection is closing: the subscription ends with it
+                }
+            }
             throw e;
         }
     }

@@ -6,8 +6,10 @@ import java.io.IOException;
 
 /**
  * A connected, bidirectional byte stream. {@link #read} is called by one reader thread only;
- * {@link #write} by one thread at a time (the Client serializes writers). {@link #close} may be
- * called from any thread, more than once, and must make a blocked {@link #read} return or throw.
+ * {@link #write} by one thread at a time (the Client serializes writers), which may be an
+ * application thread with its interrupt flag set: an interrupt must not close the stream (as an
+ * InterruptibleChannel's does) nor cut a frame short; keep the flag as it was. {@link #close} may
+ * be called from any thread, more than once, and must make a blocked {@link #read} return or throw.
  */
 public interface Transport extends AutoCloseable {
     /** Read up to {@code len} bytes; blocks until at least one; -1 at end of stream. */

@@ -1,6 +1,7 @@
 // Why: a running turn: its events in order (pulled with next()/iteration, or pushed to a
 // listener), its cancel handle, and the audio it sends. Every turn ends with exactly one Done
-// or Error event; a dropped connection ends it with Error "connection_closed".
+// or Error event, and nothing follows it; a dropped connection ends it with Error
+// "connection_closed". An interrupt of a waiting thread is code "interrupted": the turn goes on.
 package org.kazeia.client;
 
 import java.nio.Buffer;
@@ -60,19 +61,27 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         return e instanceof Event.Error && ((Event.Error) e).isFinal();
     }
 
+    /** Called one at a time (the Client's lock for this route). */
     @Override
     public void deliver(Event e) {
-        boolean fin = finalEvent == null && isFinal(e);
+        if (finalEvent != null) {
+            return; // PROTOCOL.md §7: nothing about the id follows its final event
+        }
+        boolean fin = isFinal(e);
         if (fin) {
             finalEvent = e;
         }
-        if (listener != null) {
-            listener.accept(e);
-        } else {
-            queue.add(e);
-        }
-        if (fin) {
-            ended.complete(e);
+        try {
+            if (listener != null) {
+                listener.accept(e);
+            } else {
+                queue.add(e);
+            }
+        } finally {
+            // Even when the listener throws on the final event: join() would wait for its timeout.
+            if (fin) {
+                ended.complete(e);
+            }
         }
     }
 
@@ -88,7 +97,10 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         return next(client.options().eventTimeout());
     }
 
-    /** The next event; null after the final event was read; code "timeout" when none came in time. */
+    /**
+     * The next event; null after the final event was read; code "timeout" when none came in
+     * time, "interrupted" when the thread was interrupted (its flag set again; the turn goes on).
+     */
     public Event next(Duration timeout) {
         if (listener != null) {
             throw new IllegalStateException("this turn gives its events to its listener");
@@ -103,7 +115,7 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
                 e = queue.poll(timeout.toMillis(), TimeUnit.MILLISECONDS);
             } catch (InterruptedException ie) {
                 Thread.currentThread().interrupt();
-                throw new KazeiaException(ErrorCode.TIMEOUT, "interrupted while waiting for " + id, id, ie);
+                throw new KazeiaException(ErrorCode.INTERRUPTED, "interrupted while waiting for " + id, id, ie);
             }
             if (e == null) {
                 throw new KazeiaException(ErrorCode.TIMEOUT, "no event for turn " + id + " within " + timeout, id, null);
@@ -142,9 +154,11 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
     }
 
     /**
-     * Read every event until the final one. A final Error is thrown as its KazeiaException
-     * (connection_closed when the connection dropped). When no event comes within the event
-     * timeout the turn is cancelled and "timeout" thrown.
+     * Read every event until the final one (those not read yet by next() or iteration). A final
+     * Error is thrown as its KazeiaException (connection_closed when the connection dropped).
+     * When no event comes within the event timeout the turn is cancelled and "timeout" thrown.
+     * An interrupt throws "interrupted" (flag set again) and leaves the turn running: an
+     * interrupt may mean "stop waiting", not "stop the turn"; cancel() it if it means that too.
      */
     public TurnResult await() {
         List<Event> events = new ArrayList<>();
@@ -170,7 +184,10 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
         return new TurnResult(id, Collections.unmodifiableList(events));
     }
 
-    /** Wait until the turn ended (either mode); returns its final event without consuming events. */
+    /**
+     * Wait until the turn ended (either mode); returns its final event without consuming events.
+     * Codes: "timeout", "interrupted" (flag set again); the turn goes on either way.
+     */
     public Event join(Duration timeout) {
         client.notOnReader();
         try {
@@ -181,7 +198,7 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
             throw Client.asKazeia(e.getCause());
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-            throw new KazeiaException(ErrorCode.TIMEOUT, "interrupted while waiting for " + id, id, e);
+            throw new KazeiaException(ErrorCode.INTERRUPTED, "interrupted while waiting for " + id, id, e);
         }
     }
 
@@ -225,12 +242,21 @@ public final class Turn implements Route, Iterable<Event>, AutoCloseable {
     }
 
     /**
-     * Send a whole clip as 100 ms frames, the last one flagged (an empty clip: one empty flagged
-     * frame). Returns false if the turn ended before everything was sent.
+     * Send a whole clip as 100 ms frames (smaller when the daemon's max_frame cannot hold one),
+     * the last one flagged (an empty clip: one empty flagged frame), as fast as the socket takes
+     * them. The daemon holds up to 20 s of a turn's audio ahead of its speech task and drops
+     * what comes past that (error busy, "audio overrun"): send a longer clip at its own pace,
+     * frame by frame with {@link #sendAudio}. Returns false if the turn ended before everything
+     * was sent.
      */
     public boolean streamAudio(ByteBuffer pcm) {
         int frameBytes = 2 * request.channels();
-        int chunk = Math.max(1, request.sampleRate() / 10) * frameBytes;
+        // A frame over max_frame closes the connection (PROTOCOL.md §2): 100 ms of 48 kHz
+        // stereo is 19,200 bytes, of 384 kHz x 255 channels 19 MB. Whole sample frames only.
+        long room = client.maxFrame() - Frames.audioLength(id, 0);
+        int fit = (int) Math.min(Integer.MAX_VALUE, Math.max(0, room / frameBytes * frameBytes));
+        // At least one sample frame: when not even that fits, sendAudio refuses it (frame_too_large).
+        int chunk = Math.max(frameBytes, Math.min(Math.max(1, request.sampleRate() / 10) * frameBytes, fit));
         ByteBuffer all = pcm.duplicate();
         do {
             int n = Math.min(chunk, all.remaining());

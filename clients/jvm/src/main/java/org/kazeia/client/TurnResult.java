@@ -8,9 +8,17 @@ import java.util.List;
 
 public record TurnResult(String id, List<Event> events) {
 
-    /** The final event. */
+    /**
+     * The final event. A result without it (await() after next() or iteration had read the
+     * turn's events, Done included) throws IllegalStateException saying so, not an index error.
+     */
     public Event.Done done() {
-        return (Event.Done) events.get(events.size() - 1);
+        Event last = events.isEmpty() ? null : events.get(events.size() - 1);
+        if (!(last instanceof Event.Done)) {
+            throw new IllegalStateException("turn " + id + ": this result has no done event"
+                    + (events.isEmpty() ? " (no event: they had been read with next() or iteration before await())" : ""));
+        }
+        return (Event.Done) last;
     }
 
     public String stop() {

@@ -10,12 +10,15 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.ByteBuffer;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
 
 import org.junit.jupiter.api.Test;
@@ -93,6 +96,8 @@ class ClientTest {
             assertTrue(bEvents.get(0) instanceof Event.Accepted);
             assertEquals(new Event.Token("b", "B1"), bEvents.get(1));
             assertNull(a.next(), "nothing after the final event");
+            // Its events were read: a result without done says so (it was an index error).
+            assertThrows(IllegalStateException.class, () -> a.await().done());
         }
     }
 
@@ -261,6 +266,15 @@ class ClientTest {
         }
         try (FakeDaemon d = new FakeDaemon(c -> {
             c.read();
+            c.send("{\"type\":\"hello\",\"junk\":\"" + "x".repeat(100_000) + "\"}");
+            c.read();
+        })) {
+            KazeiaException e = assertThrows(KazeiaException.class, () -> Client.connect(d.socket, new Options()));
+            assertEquals(ErrorCode.UNEXPECTED, e.code());
+            assertTrue(e.getMessage().length() < 300, "the daemon's frame is cut in the message: " + e.getMessage().length());
+        }
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.read();
             Thread.sleep(2000);
         })) {
             Options quick = new Options().connectTimeout(Duration.ofMillis(300));
@@ -389,6 +403,299 @@ class ClientTest {
             assertEquals(ErrorCode.DUPLICATE_ID,
                     assertThrows(KazeiaException.class, () -> client.turn(TurnRequest.text("x").id("slow"))).code(),
                     "an id still open on this client is refused here");
+        }
+    }
+
+    private static final String STATUS = "\"status\":{\"server\":\"fake\",\"models\":[]}";
+
+    @Test
+    void anInterruptIsNotATimeoutAndKeepsTheConnection() throws Exception {
+        CompletableFuture<List<Map<String, Object>>> sent = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "i", "\"pipeline\":\"transcribe\""));
+            List<Map<String, Object>> frames = new ArrayList<>();
+            while (true) {
+                Map<String, Object> r = c.read();
+                if ("status".equals(r.get("type"))) {
+                    c.send(ev("status", (String) r.get("id"), STATUS));
+                    break;
+                }
+                frames.add(r);
+            }
+            sent.complete(frames);
+            c.send(ev("done", "i", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            Turn t = client.turn(TurnRequest.audio("transcribe", 16000, 1).id("i"));
+            // Future.cancel(true), shutdownNow: the thread waiting in await() is interrupted.
+            CompletableFuture<KazeiaException> thrown = new CompletableFuture<>();
+            AtomicBoolean flagSet = new AtomicBoolean();
+            Thread waiter = new Thread(() -> {
+                try {
+                    t.await();
+                    thrown.complete(null);
+                } catch (KazeiaException e) {
+                    flagSet.set(Thread.currentThread().isInterrupted());
+                    thrown.complete(e);
+                }
+            });
+            waiter.start();
+            waiter.interrupt();
+            KazeiaException e = thrown.get(5, TimeUnit.SECONDS);
+            assertEquals(ErrorCode.INTERRUPTED, e.code(), "an interrupt is not a timeout");
+            assertTrue(flagSet.get(), "the interrupt flag is set again");
+            assertTrue(client.isOpen(), "the connection outlives the interrupt");
+            // Writes from an interrupted thread: an interruptible channel closed itself there.
+            Thread.currentThread().interrupt();
+            try {
+                assertTrue(t.sendAudio(ByteBuffer.allocate(320), false));
+                client.cancel("elsewhere");
+                assertTrue(Thread.currentThread().isInterrupted(), "the flag is left as it was");
+            } finally {
+                Thread.interrupted();
+            }
+            assertTrue(client.isOpen());
+            client.status();
+            List<Map<String, Object>> frames = sent.get(5, TimeUnit.SECONDS);
+            assertEquals(List.of("<audio>", "cancel"), frames.stream().map(m -> m.get("type")).collect(Collectors.toList()),
+                    "the interrupt cancelled nothing: " + frames);
+            assertEquals("elsewhere", frames.get(1).get("id"));
+            assertTrue(t.join(Duration.ofSeconds(5)) instanceof Event.Done, "the turn went on to its end");
+        }
+    }
+
+    @Test
+    void aListenerThatThrowsKeepsTheReaderAndTheAppAlive() throws Exception {
+        List<Throwable> uncaught = new CopyOnWriteArrayList<>();
+        Thread.UncaughtExceptionHandler before = Thread.getDefaultUncaughtExceptionHandler();
+        Thread.setDefaultUncaughtExceptionHandler((th, ex) -> uncaught.add(ex));
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "a", "\"pipeline\":\"chat\""));
+            c.send(ev("token", "someone-else", "\"text\":\"x\""));
+            c.send(ev("token", "a", "\"text\":\"x\""));
+            c.send(ev("done", "a", "\"stop\":\"eos\",\"metrics\":{}"));
+            Map<String, Object> r = c.read();
+            c.send(ev("status", (String) r.get("id"), STATUS));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options().requestTimeout(Duration.ofSeconds(3)).onEvent(e -> {
+            throw new IllegalStateException("onEvent's bug");
+        }))) {
+            List<Event> got = new CopyOnWriteArrayList<>();
+            Turn a = client.turn(TurnRequest.text("hi").id("a"), e -> {
+                got.add(e);
+                if (e instanceof Event.Accepted) {
+                    throw new IllegalStateException("a listener's bug");
+                }
+                if (e instanceof Event.Token) {
+                    throw new AssertionError("an Error: Kotlin's TODO(), an assert");
+                }
+            });
+            assertTrue(a.join(Duration.ofSeconds(5)) instanceof Event.Done, "the reader lived on: " + got);
+            assertEquals(3, got.size(), got.toString());
+            client.status();
+            assertTrue(client.isOpen());
+            assertEquals(List.of(), uncaught, "nothing reaches an uncaught-exception handler (on Android it kills the app)");
+        } finally {
+            Thread.setDefaultUncaughtExceptionHandler(before);
+        }
+    }
+
+    @Test
+    void closingFromAnotherThreadEndsATurnOnceAndNeverDuringItsListener() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "c", "\"pipeline\":\"chat\""));
+            c.send(ev("token", "c", "\"text\":\"x\""));
+            c.send(ev("done", "c", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.read();
+        })) {
+            Client client = Client.connect(d.socket, new Options());
+            CountDownLatch inListener = new CountDownLatch(1);
+            CountDownLatch release = new CountDownLatch(1);
+            AtomicInteger inside = new AtomicInteger();
+            AtomicBoolean overlapped = new AtomicBoolean();
+            List<Event> got = new CopyOnWriteArrayList<>();
+            Turn t = client.turn(TurnRequest.text("hi").id("c"), e -> {
+                if (inside.incrementAndGet() > 1) {
+                    overlapped.set(true);
+                }
+                try {
+                    got.add(e);
+                    if (e instanceof Event.Token) {
+                        inListener.countDown();
+                        release.await(5, TimeUnit.SECONDS);
+                    }
+                } catch (InterruptedException ie) {
+                    Thread.currentThread().interrupt();
+                } finally {
+                    inside.decrementAndGet();
+                }
+            });
+            assertTrue(inListener.await(5, TimeUnit.SECONDS));
+            Thread closer = new Thread(client::close, "app-thread");
+            closer.start();
+            Thread.sleep(200); // the closer reaches the turn while its listener runs on the reader
+            release.countDown();
+            closer.join(5000);
+            Event end = t.join(Duration.ofSeconds(5));
+            Thread.sleep(200); // what would wrongly follow the final event has come by now
+            assertFalse(overlapped.get(), "the listener was called on two threads at once: " + got);
+            assertEquals(1, got.stream().filter(e -> e instanceof Event.Done || e instanceof Event.Error).count(), got.toString());
+            assertEquals(end, got.get(got.size() - 1), "the final event is the last: " + got);
+        }
+    }
+
+    @Test
+    void aFailedWriteLeavesTheDaemonsLastFramesToTheReader() throws Exception {
+        CountDownLatch inListener = new CountDownLatch(1);
+        CountDownLatch release = new CountDownLatch(1);
+        List<KazeiaException> closed = new CopyOnWriteArrayList<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.read();
+            c.send(ev("accepted", "v", "\"pipeline\":\"transcribe\""));
+            c.send(ev("done", "v", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.send(ev("error", null, "\"code\":\"frame_too_large\",\"message\":\"closing the connection\""));
+            c.ch.close();
+        }); Client client = Client.connect(d.socket, new Options().onClosed(closed::add))) {
+            List<Event> got = new CopyOnWriteArrayList<>();
+            Turn v = client.turn(TurnRequest.audio("transcribe", 16000, 1).id("v"), e -> {
+                got.add(e);
+                if (e instanceof Event.Accepted) {
+                    inListener.countDown();
+                    try {
+                        release.await(5, TimeUnit.SECONDS); // the reader is held before the rest
+                    } catch (InterruptedException ie) {
+                        Thread.currentThread().interrupt();
+                    }
+                }
+            });
+            Turn w = client.turn(TurnRequest.text("hi").id("w"));
+            assertTrue(inListener.await(5, TimeUnit.SECONDS));
+            d.join(); // the daemon sent its last frames and closed
+            KazeiaException e = assertThrows(KazeiaException.class, () -> {
+                for (int i = 0; i < 50; i++) {
+                    v.sendAudio(ByteBuffer.allocate(3200), false);
+                }
+            });
+            assertEquals(ErrorCode.CONNECTION_CLOSED, e.code(), "the write failed");
+            release.countDown();
+            assertTrue(v.join(Duration.ofSeconds(5)) instanceof Event.Done, "the daemon's done, sent before it closed: " + got);
+            assertEquals(ErrorCode.FRAME_TOO_LARGE, assertThrows(KazeiaException.class, w::await).code(),
+                    "the code of the daemon's last error, not the failed write's");
+            DaemonTest.eventually("closed", () -> !client.isOpen());
+            assertEquals(ErrorCode.FRAME_TOO_LARGE, closed.get(0).code());
+        }
+    }
+
+    @Test
+    void blockingCallsFromAListenerThrowBeforeSendingAnything() throws Exception {
+        CompletableFuture<Map<String, Object>> next = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "l", "\"pipeline\":\"chat\""));
+            next.complete(c.read());
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            List<Throwable> thrown = new CopyOnWriteArrayList<>();
+            CountDownLatch tried = new CountDownLatch(1);
+            client.turn(TurnRequest.text("hi").id("l"), e -> {
+                if (e instanceof Event.Accepted) {
+                    List<Runnable> calls = List.of(() -> client.unload("thinker"), () -> client.load("thinker"),
+                            client::status, () -> client.subscribe(s -> {}));
+                    for (Runnable call : calls) {
+                        try {
+                            call.run();
+                        } catch (Throwable t) {
+                            thrown.add(t);
+                        }
+                    }
+                    tried.countDown();
+                }
+            });
+            assertTrue(tried.await(5, TimeUnit.SECONDS));
+            assertEquals(4, thrown.size(), thrown.toString());
+            assertTrue(thrown.stream().allMatch(t -> t instanceof IllegalStateException), thrown.toString());
+            client.cancel("l");
+            assertEquals(Map.of("type", "cancel", "id", "l"), next.get(5, TimeUnit.SECONDS),
+                    "the refused calls sent nothing (an unload ran while its caller was told it failed)");
+        }
+    }
+
+    @Test
+    void aSubscribeWhoseFirstStatusIsLateIsCancelled() throws Exception {
+        CompletableFuture<String> subscribe = new CompletableFuture<>();
+        CompletableFuture<Map<String, Object>> next = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            subscribe.complete((String) c.read().get("id"));
+            next.complete(c.read());
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options().requestTimeout(Duration.ofMillis(300)))) {
+            KazeiaException e = assertThrows(KazeiaException.class, () -> client.subscribe(s -> {}));
+            assertEquals(ErrorCode.TIMEOUT, e.code());
+            String id = subscribe.get(5, TimeUnit.SECONDS);
+            assertEquals(id, e.requestId());
+            assertEquals(Map.of("type", "cancel", "id", id), next.get(5, TimeUnit.SECONDS),
+                    "the daemon would push on for a subscription nobody has");
+        }
+    }
+
+    @Test
+    void aListenerThatThrowsOnTheFinalEventStillEndsTheTurn() throws Exception {
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1 << 20);
+            c.read();
+            c.send(ev("accepted", "f", "\"pipeline\":\"chat\""));
+            c.send(ev("done", "f", "\"stop\":\"eos\",\"metrics\":{}"));
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            Turn t = client.turn(TurnRequest.text("hi").id("f"), e -> {
+                if (e instanceof Event.Done) {
+                    throw new IllegalStateException("a listener's bug on the last event");
+                }
+            });
+            assertTrue(t.join(Duration.ofSeconds(5)) instanceof Event.Done);
+            assertTrue(t.isEnded());
+        }
+    }
+
+    @Test
+    void streamAudioCutsItsFramesToTheDaemonsMaxFrame() throws Exception {
+        CompletableFuture<List<Map<String, Object>>> audio = new CompletableFuture<>();
+        try (FakeDaemon d = new FakeDaemon(c -> {
+            c.welcome(1024);
+            c.read();
+            List<Map<String, Object>> frames = new ArrayList<>();
+            Map<String, Object> f;
+            do {
+                f = c.read();
+                frames.add(f);
+            } while (!Boolean.TRUE.equals(f.get("last")));
+            audio.complete(frames);
+            c.read();
+        }); Client client = Client.connect(d.socket, new Options())) {
+            // 100 ms of 48 kHz stereo is 19,200 bytes: over this daemon's max_frame of 1024.
+            Turn t = client.turn(TurnRequest.audio("transcribe", 48000, 2).id("s"));
+            assertTrue(t.streamAudio(ByteBuffer.allocate(48_000)));
+            List<Map<String, Object>> frames = audio.get(5, TimeUnit.SECONDS);
+            long total = 0;
+            for (Map<String, Object> f : frames) {
+                long bytes = (Long) f.get("bytes");
+                assertTrue(Frames.audioLength("s", (int) bytes) <= 1024, "a frame over max_frame: " + bytes);
+                assertEquals(0, bytes % 4, "whole sample frames");
+                total += bytes;
+            }
+            assertEquals(48_000, total);
+            assertEquals(1, frames.stream().filter(f -> Boolean.TRUE.equals(f.get("last"))).count());
+            assertTrue(client.isOpen());
         }
     }
 }

@@ -213,7 +213,10 @@ class DaemonTest {
         assertTrue(done.metrics().generatedTokens() < 300, "stopped early: " + done.metrics().generatedTokens());
         Thread.sleep(300);
         assertTrue(orphans.stream().noneMatch(e -> t.id().equals(e.id())), "nothing about the id after done: " + orphans);
-        t.cancel(); // after the end: nothing is sent, nothing fails
+        assertTrue(t.isEnded());
+        t.cancel(); // after the end: nothing is sent (the daemon would answer unknown_request), nothing fails
+        client.status(); // the daemon answers in order: that unknown_request would have come by now
+        assertTrue(orphans.stream().noneMatch(e -> t.id().equals(e.id())), "a cancel after the end sent nothing: " + orphans);
     }
 
     @Test

@@ -72,6 +72,9 @@ class FramesTest {
         assertEquals(1, a.channels());
         assertTrue(a.last());
         assertArrayEquals(new short[] {1, 2}, a.samples());
+        a.pcm().getShort(); // one reader consuming its buffer …
+        assertEquals(4, a.pcm().remaining(), "… leaves the next one the whole frame");
+        assertEquals(ByteOrder.LITTLE_ENDIAN, a.pcm().order());
     }
 
     @Test
