@@ -10,7 +10,7 @@
 //! its own. A turn a guard blocks ends at the verdict: it is counted and left out of the medians.
 //! Before: `guarded/unguarded ttfs=1.290` with each question asked nine times in a row.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -34,10 +34,10 @@ struct Args {
     #[arg(long)]
     kazeia: PathBuf,
     /// Rounds of the three variants (one new question each per round).
-    #[arg(long, default_value_t = 14)]
+    #[arg(long, default_value_t = 14, value_parser = kazeia_tools::at_least_one)]
     rounds: usize,
     /// Questions asked both in a fresh process and in the warm engine.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one)]
     cold: usize,
     /// Order of the questions.
     #[arg(long, default_value_t = 1)]
@@ -115,6 +115,9 @@ async fn turn(engine: &Engine, config: &Config, pipeline: &Pipeline, prompt: &st
 /// the process's wall time from start to its first sentence, model loading included). None if
 /// a guard blocked it.
 fn cold_turn(kazeia: &Path, config: &Path, prompt: &str, max_tokens: u32) -> Result<Option<(f64, f64)>> {
+    // Its log goes to a file: a pipe read only after stdout closes blocked the process once it
+    // held 64 KiB (a verbose RUST_LOG inherited).
+    let log = tempfile::tempfile().context("a temporary file for kazeia run's log")?;
     let t0 = Instant::now();
     let mut child = Command::new(kazeia)
         .args(["run", "guarded-chat", "--json", "--temperature", "0", "--max-tokens", &max_tokens.to_string()])
@@ -123,7 +126,7 @@ fn cold_turn(kazeia: &Path, config: &Path, prompt: &str, max_tokens: u32) -> Res
         // `--text=` keeps a question that starts with '-' a value, never an option.
         .arg(format!("--text={prompt}"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(log.try_clone().context("kazeia run's log")?)
         .spawn()
         .context("kazeia run")?;
     let stdout = BufReader::new(child.stdout.take().context("kazeia run: no stdout")?);
@@ -137,9 +140,12 @@ fn cold_turn(kazeia: &Path, config: &Path, prompt: &str, max_tokens: u32) -> Res
             _ => {}
         }
     }
-    let out = child.wait_with_output().context("kazeia run")?;
-    if !out.status.success() {
-        bail!("kazeia run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let status = child.wait().context("kazeia run")?;
+    if !status.success() {
+        let mut err = String::new();
+        let mut log = log;
+        let _ = log.seek(std::io::SeekFrom::Start(0)).and_then(|_| log.read_to_string(&mut err));
+        bail!("kazeia run failed ({status}): {err}");
     }
     match done {
         None => bail!("kazeia run printed no done event"),

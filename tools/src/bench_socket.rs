@@ -34,7 +34,7 @@ struct Args {
     llama_server: PathBuf,
     #[arg(long, default_value = "")]
     reference: String,
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 7, value_parser = kazeia_tools::at_least_one)]
     reps: usize,
     #[arg(long, default_value_t = 128)]
     max_tokens: u32,
@@ -159,16 +159,15 @@ async fn main() -> Result<()> {
     // In a directory the daemon creates (0700): it refuses one other users can enter, and a
     // temporary directory is 0755.
     let socket = dir.path().join("run").join("engine.sock");
-    let _daemon = Kill(
+    let _daemon = Kill::spawn(
         Command::new(&args.kazeia)
             .args(["serve", "--config", &bench_config.display().to_string(), "--socket", &socket.display().to_string()])
             // The server's info lines: the speech preload says when it is done.
             .env("RUST_LOG", kazeia_tools::daemon_log_filter())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
-            .spawn()
-            .context("start kazeia serve")?,
-    );
+            .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?),
+    )
+    .context("start kazeia serve")?;
     // llama-server with the same model and settings, on a loopback port.
     let port = free_port();
     let server_args: Vec<String> = [
@@ -194,20 +193,17 @@ async fn main() -> Result<()> {
         if m.mmap { "mmap" } else { "none" },
         "-np",
         "1",
+        // The prompt as our engine renders it: the GGUF's Jinja template adds a system message.
+        "--no-jinja",
         "-ngl",
         "0",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let _server = Kill(
-        Command::new(&args.llama_server)
-            .args(&server_args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start llama-server")?,
-    );
+    let _server =
+        Kill::spawn(Command::new(&args.llama_server).args(&server_args).stdout(Stdio::null()).stderr(Stdio::null()))
+            .context("start llama-server")?;
 
     // Wait for both to be ready (and the daemon's model loaded).
     let t = Instant::now();

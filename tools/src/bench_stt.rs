@@ -1,6 +1,7 @@
 //! Speech-to-text speed: our Whisper (ONNX Runtime, our log-mel and decoder) against
 //! faster-whisper (CTranslate2) on the same Whisper-base weights (ours: the encoder int8 and the
-//! decoder 8-bit, see tools/whisper-to-onnx; the reference fp32), greedy, 2 threads, on
+//! decoder 8-bit, see tools/whisper-to-onnx; the reference int8 too, as faster-whisper advises
+//! on a CPU: it was fp32 before session 38, which flattered our ratio), greedy, 2 threads, on
 //! the same clips (the Piper voice: ~5 s and ~20 s). Each side runs in one process that loads
 //! its model once (the reference: `tools/reference-stt --serve`), is warmed by one untimed run of
 //! the clip, then the two alternate, each going first every other rep; medians. Model loading is
@@ -37,7 +38,7 @@ use kazeia_tools::median;
 struct Args {
     #[arg(long, default_value = "models.toml")]
     config: PathBuf,
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one)]
     reps: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,

@@ -27,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use kazeia_daemon::config::Config;
 use kazeia_daemon::speech::{audio, Backend, Piper, Voice};
-use kazeia_ipc::{AudioFrame, AudioSpec, Client, Event, Frame, Incoming, Metrics, Request, TurnOptions};
+use kazeia_ipc::{AudioFrame, AudioSpec, Client, Event, Frame, Incoming, Metrics, Request, StopReason, TurnOptions};
 use kazeia_tools::{median, Kill};
 
 #[derive(Parser)]
@@ -39,9 +39,10 @@ struct Args {
     kazeia: PathBuf,
     #[arg(long)]
     llama_server: PathBuf,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = kazeia_tools::at_least_one)]
     reps: usize,
-    /// One clip, one rep (tens of seconds): test.sh runs this so the tool cannot break unseen.
+    /// Three clips (a voice and language each), one rep (about a minute): test.sh runs this so
+    /// the tool cannot break unseen.
     #[arg(long)]
     smoke: bool,
 }
@@ -148,8 +149,16 @@ async fn ours(client: &Client, clip: &Clip, daemon: u32) -> Result<Option<Heard>
                     first_audio = Some(Instant::now());
                     cpu_at_audio = kazeia_tools::process_cpu_ms(daemon);
                 }
-                Incoming::Event(Event::Done { metrics, .. }) => {
-                    let (Some(start), Some(at)) = (last_speech_sent, first_audio) else { return Ok(None) };
+                Incoming::Event(Event::Done { metrics, stop, .. }) => {
+                    let (Some(start), Some(at)) = (last_speech_sent, first_audio) else {
+                        // No audio: the guard's refusal is a turn the bench leaves out (both
+                        // sides'); anything else (an empty transcript, a voice that said
+                        // nothing) is a failure, not a turn to drop from the medians.
+                        if stop == StopReason::Blocked {
+                            return Ok(None);
+                        }
+                        bail!("{}: the turn ended ({stop:?}) with no reply audio", clip.text);
+                    };
                     let wait_ms = at.duration_since(start).as_secs_f64() * 1e3;
                     let cpu_ms = cpu_at_speech_end.zip(cpu_at_audio).map(|(a, b)| b - a);
                     return Ok(Some(Heard { wait_ms, metrics: Some(metrics), cpu_ms }));
@@ -172,9 +181,12 @@ impl Reference {
     fn start(args: &Args, config: &Config) -> Result<(Reference, String)> {
         let m = config.model("thinker")?;
         // llama-server as bench-socket runs it: our role's batch sizes, flash attention and load
-        // mode, one slot, on the CPU.
+        // mode, one slot, on the CPU; the prompt as our engine renders it (`--no-jinja`: the
+        // GGUF's Jinja template adds a system message that ours does not, so the two sides
+        // answered different prompts, and the first sentences differed).
         let server_args = [
             "-np 1".to_string(),
+            "--no-jinja".to_string(),
             format!("-tb {}", m.threads),
             format!("-b {} -ub {}", m.n_batch, m.n_ubatch),
             format!("-fa {}", m.flash_attn.as_str()),
@@ -182,7 +194,7 @@ impl Reference {
             "-ngl 0".to_string(),
         ]
         .join(" ");
-        let mut child = Command::new("python3")
+        let mut child = kazeia_tools::dies_with_us(&mut Command::new("python3"))
             .arg("tools/reference-voice")
             .arg("--serve")
             .arg("--gguf")
@@ -190,18 +202,22 @@ impl Reference {
             .arg("--llama-server")
             .arg(&args.llama_server)
             .args(["--threads", &m.threads.to_string(), "--ctx", &m.n_ctx.to_string(), "--server-args", &server_args])
+            // Greedy on both sides, and the same penalty (llama-server's default is none).
+            .args(["--repeat-penalty", &m.sampling.repeat_penalty.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .context("start tools/reference-voice")?;
         let stdin = child.stdin.take().context("stdin")?;
-        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        let stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        // Owned from here: a failed start stops the child (Drop), not leaves it running.
+        let mut reference = Reference { child, stdin: Some(stdin), stdout };
         let mut line = String::new();
-        stdout.read_line(&mut line)?;
+        reference.stdout.read_line(&mut line)?;
         let ready: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("reference: {line:?}"))?;
         let command = ready["llama_server"].as_str().unwrap_or_default().to_string();
-        Ok((Reference { child, stdin: Some(stdin), stdout }, command))
+        Ok((reference, command))
     }
 
     fn turn(&mut self, clip: &Clip) -> Result<serde_json::Value> {
@@ -246,7 +262,10 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = Args::parse();
-    let clips_wanted: &[_] = if args.smoke { &CLIPS[..1] } else { CLIPS };
+    // The smoke: one clip of each voice and language (Piper English, espeak-ng English and
+    // French), so that no side's path for any of them breaks unseen.
+    let smoke_clips = [CLIPS[0], CLIPS[4], CLIPS[6]];
+    let clips_wanted: &[_] = if args.smoke { &smoke_clips } else { CLIPS };
     if args.smoke {
         args.reps = 1;
     }
@@ -258,16 +277,15 @@ async fn main() -> Result<()> {
 
     // Our daemon on the config as shipped, on a private socket (in a directory it creates 0700).
     let socket = dir.path().join("run").join("engine.sock");
-    let daemon = Kill(
+    let daemon = Kill::spawn(
         Command::new(&args.kazeia)
             .args(["serve", "--config", &args.config.display().to_string(), "--socket", &socket.display().to_string()])
             // The server's info lines: the speech preload says when it is done.
             .env("RUST_LOG", kazeia_tools::daemon_log_filter())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?)
-            .spawn()
-            .context("start kazeia serve")?,
-    );
+            .stderr(std::fs::File::create(dir.path().join("kazeia.log"))?),
+    )
+    .context("start kazeia serve")?;
     let t = Instant::now();
     let client = loop {
         if let Ok(c) = Client::connect(&socket, "bench-voice").await {
@@ -348,10 +366,11 @@ async fn main() -> Result<()> {
                 (run_ours().await?, b)
             };
             let their_ms = theirs["latency_ms"].as_f64().context("reference latency_ms")?;
-            their_waits.push(their_ms);
-            their_stages.push(theirs);
             let (mine_ms, daemon_ms, cpu_ms) = match mine {
                 Some(h) => {
+                    // Paired: a clip our guard blocked leaves the reference's medians too.
+                    their_waits.push(their_ms);
+                    their_stages.push(theirs);
                     our_waits.push(h.wait_ms);
                     let daemon = h.metrics.as_ref().and_then(|m| m.speech_end_to_audio_ms);
                     stages.extend(h.metrics);

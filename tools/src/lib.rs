@@ -3,6 +3,15 @@
 pub mod questions;
 
 /// The median of a sample (the mean of the two middle values for an even count).
+/// A count of reps or rounds: 0 would leave the medians nothing (`median` panicked).
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 pub fn median(mut v: Vec<f64>) -> f64 {
     assert!(!v.is_empty(), "median of nothing");
     v.sort_by(|a, b| a.total_cmp(b));
@@ -17,6 +26,30 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 /// A child process (a daemon, a reference server) killed and reaped when the bench ends,
 /// however it ends.
 pub struct Kill(pub std::process::Child);
+
+impl Kill {
+    /// Spawn `cmd` so that it dies with the bench (see [`dies_with_us`]).
+    pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<Kill> {
+        dies_with_us(cmd).spawn().map(Kill)
+    }
+}
+
+/// `cmd`, set to be killed when the bench is, even by SIGKILL (which runs no Drop: a
+/// llama-server and a daemon outlived a stopped bench, holding 2 cores). The signal comes when
+/// the spawning thread ends: spawn from the main thread (a bench's `#[tokio::main]` future),
+/// not from a pool thread that may end first.
+pub fn dies_with_us(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
 
 impl Drop for Kill {
     fn drop(&mut self) {
