@@ -891,8 +891,9 @@ pub fn run_prefill(
     queued: &dyn Fn() -> bool,
 ) {
     let seq = slot(cfg, job.request.slot);
-    let stop = || job.cancel.is_cancelled() || job.reply.is_closed() || queued();
-    let mut run = Run { ctx, seq, cache, model, cfg, compute, stop: &stop };
+    // A decode held for speech stops waiting as the prefill's own chunks would stop.
+    let held = || job.reply.is_closed() || job.cancel.is_cancelled() || queued();
+    let mut run = Run { ctx, seq, cache, model, cfg, compute, stop: &held };
     let result = prefill_ahead(&mut run, &job, queued).map_err(LlmError::from);
     let _ = job.reply.send(result);
 }
