@@ -354,7 +354,7 @@ fn main() -> Result<()> {
         ref_total += r;
         audio_total += secs;
     }
-    println!("reference: faster-whisper 1.2.1 (CTranslate2), fp32, beam 1, temperature 0, {} threads; ours: ONNX Runtime 1.31.1 CPU, same weights", args.threads);
+    println!("reference: faster-whisper 1.2.1 (CTranslate2), int8, beam 1, temperature 0, {} threads; ours: ONNX Runtime 1.31.1 CPU, same weights (encoder int8, decoder 8-bit)", args.threads);
     let (x, y) = (ours_total / audio_total, ref_total / audio_total);
     println!("stt rtf={x:.3} reference_rtf={y:.3} ratio={:.3}", x / y);
     Ok(())
