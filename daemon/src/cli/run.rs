@@ -138,7 +138,8 @@ pub async fn run(mut args: RunArgs) -> Exit {
             Frame::Invalid(_) => {}
         })
     };
-    turns::run(sup.clone(), turn, samples.map(AudioSource::Complete), output).await;
+    let last = turns::run(sup.clone(), turn, samples.map(AudioSource::Complete), output.clone()).await;
+    output(last);
     let mut exit = failed.lock().expect("failed").map_or(Exit::Ok, Exit::for_code);
     // Where speech ran, once per run (instead of a warning per ONNX session).
     if (plan.transcribe || plan.speak) && !printer.json {

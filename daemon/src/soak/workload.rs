@@ -152,6 +152,12 @@ pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, 
                     // Another client's turn used the role: nothing was unloaded, so nothing was
                     // reloaded (the load answers `loaded` for a model already in place).
                     (Event::Error { code: ErrorCode::Busy, .. }, Event::Loaded { .. }) => &counts.busy,
+                    // Another client's reload, or a load under the budget, had unloaded it
+                    // first: the load still loaded it.
+                    (Event::Error { code: ErrorCode::NoModel, .. }, Event::Loaded { .. }) => {
+                        counts.reloads.fetch_add(1, Ordering::Relaxed);
+                        &counts.done
+                    }
                     (u, l) => {
                         tracing::warn!("reload of {role}: {u:?} then {l:?}");
                         counts.errors.fetch_add(1, Ordering::Relaxed);

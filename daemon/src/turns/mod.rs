@@ -42,9 +42,10 @@ pub enum AudioSource {
     Complete(Vec<f32>),
 }
 
-/// Run `turn` to its final event (exactly one `done` or `error`, last). `progress` tells whether
-/// load progress is sent as events.
-pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, out: Output) {
+/// Run `turn` to its final event (exactly one `done` or `error`, last), which is returned for
+/// the caller to send: a connection sends it under the lock that frees the turn's id there, so
+/// that nothing (a new turn under the id, its audio) falls between the two.
+pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, out: Output) -> Frame {
     // An audio turn keeps the speech models from being unloaded under it.
     let speech = (turn.plan.transcribe || turn.plan.speak).then(|| sup.speech_use());
     let last = flow(&sup, &turn, audio, &out).await;
@@ -54,7 +55,7 @@ pub async fn run(sup: Arc<Supervisor>, turn: Turn, audio: Option<AudioSource>, o
     // so in a clean-clone run).
     drop(turn);
     drop(speech);
-    out(Frame::event(&last));
+    Frame::event(&last)
 }
 
 /// The turn's events but the final one, which is returned.

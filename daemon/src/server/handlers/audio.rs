@@ -9,7 +9,7 @@ pub fn frame(c: &Conn, a: AudioFrame) {
     let Some(input) = turns.get_mut(&a.id) else {
         // The microphone of a turn that has ended streams until its client reads `done`:
         // dropped, not an error per frame after the final event (PROTOCOL §7).
-        if c.turn_ids.lock().expect("turn ids").knows(&a.id) {
+        if c.turn_ids.lock().expect("turn ids").ended(&a.id) {
             return;
         }
         let msg = format!("audio frame for {:?}, which is not a running audio turn", a.id);

@@ -25,7 +25,7 @@ type AudioTurns = Arc<Mutex<HashMap<String, AudioInput>>>;
 
 /// The ids of this connection's turns: running until their final event is queued (the
 /// supervisor forgets a turn just before: its leases go first), then among the latest
-/// `ENDED_KEPT` ended. What the connection did under an id stays on the connection:
+/// `ENDED_KEPT` ended. Lock order: a connection's `audio` before its `turn_ids`. What the connection did under an id stays on the connection:
 /// - a new turn under an id whose final event has not left is `duplicate_id`: admitted in that
 ///   gap, its `accepted` came before the old turn's `done`, which the client took for its own;
 /// - a `cancel` of a turn of this connection that has ended is ignored: it looked among the
@@ -47,22 +47,26 @@ impl TurnIds {
 
     /// Whether this connection has had a turn under `id` (running, ending or ended).
     pub fn knows(&self, id: &str) -> bool {
-        self.live.contains(id) || self.ended.iter().any(|e| e == id)
+        self.live.contains(id) || self.ended(id)
+    }
+
+    /// Whether a turn under `id` has ended here and none runs under it now.
+    pub fn ended(&self, id: &str) -> bool {
+        !self.live.contains(id) && self.ended.iter().any(|e| e == id)
     }
 
     fn begin(&mut self, id: &str) {
         self.live.insert(id.to_string());
     }
 
-    /// The turn's final event is queued.
+    /// The turn's final event is queued. A reused id moves to the newest place.
     fn end(&mut self, id: &str) {
         self.live.remove(id);
-        if !self.ended.iter().any(|e| e == id) {
-            if self.ended.len() == ENDED_KEPT {
-                self.ended.pop_front();
-            }
-            self.ended.push_back(id.to_string());
+        self.ended.retain(|e| e != id);
+        if self.ended.len() == ENDED_KEPT {
+            self.ended.pop_front();
         }
+        self.ended.push_back(id.to_string());
     }
 }
 

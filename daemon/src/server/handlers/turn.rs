@@ -30,16 +30,19 @@ pub fn turn(c: &mut Conn, request: TurnRequest) {
     };
     let (sup, output, audio, ids) = (c.sup.clone(), c.out.output(), c.audio.clone(), c.turn_ids.clone());
     c.tasks.spawn(async move {
-        turns::run(sup, turn, source, output).await;
-        // Its final event is queued: the id is free for a new turn from here (see `TurnIds`).
-        ids.lock().expect("turn ids").end(&id);
-        // This turn's input only: the id is free from the turn's end, before its final event
-        // leaves, and a new audio turn under it may have registered its own meanwhile.
-        if let Some(fed) = fed {
-            let mut inputs = audio.lock().expect("audio turns");
-            if inputs.get(&id).is_some_and(|i| i.is(&fed)) {
-                inputs.remove(&id);
-            }
+        let last = turns::run(sup, turn, source, output.clone()).await;
+        // The input gone, the final event queued and the id freed as one step, under the
+        // locks an audio frame takes (`audio`, then `turn_ids`): in between, a client that
+        // had read `done` and reused the id got `duplicate_id`, and its microphone's frames
+        // reached the ring (`bad_frame`, `busy` after `done`) or found it gone while the turn
+        // still ran (`no_audio_request`). The outbox only queues: the locks are held for no time.
+        let mut inputs = audio.lock().expect("audio turns");
+        let mut ids = ids.lock().expect("turn ids");
+        // This turn's input only (the id is still live: no other turn has registered one).
+        if fed.is_some_and(|fed| inputs.get(&id).is_some_and(|i| i.is(&fed))) {
+            inputs.remove(&id);
         }
+        output(last);
+        ids.end(&id);
     });
 }
