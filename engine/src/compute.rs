@@ -246,20 +246,22 @@ pub fn decodes_held(role: &str) -> bool {
 /// How often a held decode looks at its request's cancel.
 const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Wait while speech holds the CPU or `role` is paused (at most [`MAX_HOLD`] in all), or until
-/// `stop` (the request was cancelled, or its caller left): another turn's hold kept a cancelled
-/// request, and every request queued behind it on the role, waiting up to 5 s, against "a
-/// cancel lands within a decode step". The decode then runs (one step), and the caller's own
-/// check ends the request with its cache as it is.
-fn wait_for_speech(role: &str, stop: &dyn Fn() -> bool) {
+/// Wait while speech holds the CPU or `role` is paused (at most [`MAX_HOLD`] in all); false
+/// when `stop` (the request was cancelled, or its caller left) ended the wait: another turn's
+/// hold kept a cancelled request, and every request queued behind it on the role, waiting up
+/// to 5 s, against "a cancel lands within a decode step".
+fn wait_for_speech(role: &str, stop: &dyn Fn() -> bool) -> bool {
     let start = std::time::Instant::now();
     let mut h = holds();
     loop {
         let now = std::time::Instant::now();
-        if !h.blocks(role, now) || stop() {
-            return;
+        if !h.blocks(role, now) {
+            return true;
         }
-        let Some(left) = MAX_HOLD.checked_sub(start.elapsed()) else { return };
+        if stop() {
+            return false;
+        }
+        let Some(left) = MAX_HOLD.checked_sub(start.elapsed()) else { return true };
         // A handoff ends by its deadline, with no one to notify.
         let left = h.next_deadline().map_or(left, |d| left.min(d.saturating_duration_since(now)));
         h = RELEASED.wait_timeout(h, left.min(CANCEL_POLL)).unwrap_or_else(|p| p.into_inner()).0;
@@ -273,7 +275,9 @@ impl Compute {
 
     /// Decode `batch` in `ctx` with `role`'s `threads`: on the compute thread with
     /// `exclusive`, else right here once the threads fit in the cores other decodes leave.
-    /// `stop`: the request is cancelled (a held decode stops waiting; see `wait_for_speech`).
+    /// `stop`: the request is cancelled. A decode held for speech then stops waiting and does
+    /// not run (`Ok(false)`: the batch is not in the context; a cancelled prompt's chunk would
+    /// have taken the CPU that speech holds, for nobody).
     pub fn decode(
         &self,
         role: &str,
@@ -281,16 +285,18 @@ impl Compute {
         batch: &mut LlamaBatch<'_>,
         threads: u32,
         stop: &dyn Fn() -> bool,
-    ) -> Result<(), ComputeError> {
+    ) -> Result<bool, ComputeError> {
         // Each decode in the trace log (`kazeia_engine::compute=trace`): what a turn's time went
         // to, call by call (how session 29 found a Thinker token beside the first synthesis).
         let t = std::time::Instant::now();
-        wait_for_speech(role, stop);
+        if !wait_for_speech(role, stop) {
+            return Ok(false);
+        }
         let held = t.elapsed();
         let r = self.run(ctx, batch, threads);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         tracing::trace!(role, tokens = batch.n_tokens(), held_ms = ms(held), ms = ms(t.elapsed() - held), "decoded");
-        r
+        r.map(|()| true)
     }
 
     fn run(&self, ctx: &mut LlamaContext<'_>, batch: &mut LlamaBatch<'_>, threads: u32) -> Result<(), ComputeError> {

@@ -306,9 +306,22 @@ impl Run<'_, '_> {
                         .add(tok, pos as i32, &[seq], logits && pos + 1 == tokens.len())
                         .map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
                 }
-                if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, &mut batch, self.cfg.threads, self.stop) {
-                    self.reset();
-                    return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
+                match self.compute.decode(&self.cfg.role, self.ctx, &mut batch, self.cfg.threads, self.stop) {
+                    Ok(true) => {}
+                    // Stopped while held for speech: the chunk was not decoded.
+                    Ok(false) => {
+                        return Ok(Prefilled {
+                            decoded,
+                            cached: keep as u32,
+                            logits_idx,
+                            cancelled: true,
+                            secs: t.elapsed().as_secs_f64(),
+                        })
+                    }
+                    Err(e) => {
+                        self.reset();
+                        return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
+                    }
                 }
                 self.cache.seq(seq as usize).extend_from_slice(piece);
                 decoded += piece.len() as u32;
@@ -370,9 +383,14 @@ impl Run<'_, '_> {
         let pos = self.cache.seq(seq as usize).len();
         batch.clear();
         batch.add(token, pos as i32, &[seq], true).map_err(|e| GenerateError::Decode { pos, reason: e.to_string() })?;
-        if let Err(e) = self.compute.decode(&self.cfg.role, self.ctx, batch, self.cfg.threads, self.stop) {
-            self.reset();
-            return Err(GenerateError::Decode { pos, reason: e.to_string() });
+        match self.compute.decode(&self.cfg.role, self.ctx, batch, self.cfg.threads, self.stop) {
+            Ok(true) => {}
+            // Stopped while held for speech: the token is not in the context.
+            Ok(false) => return Err(GenerateError::Cancelled),
+            Err(e) => {
+                self.reset();
+                return Err(GenerateError::Decode { pos, reason: e.to_string() });
+            }
         }
         self.cache.seq(seq as usize).push(token);
         Ok(())
@@ -758,7 +776,10 @@ fn generate(run: &mut Run<'_, '_>, job: &Job) -> Result<GenSummary, GenerateErro
             break StopReason::Cancelled;
         }
         // The sampled token joins the context, so a session's next turn can reuse it.
-        run.step(&mut batch, token)?;
+        match run.step(&mut batch, token) {
+            Err(GenerateError::Cancelled) => break StopReason::Cancelled,
+            r => r?,
+        }
         decoded += 1;
         logits_idx = 0;
         // Out of budget while still thinking: the engine writes the end of the block itself,
@@ -891,8 +912,9 @@ pub fn run_prefill(
     queued: &dyn Fn() -> bool,
 ) {
     let seq = slot(cfg, job.request.slot);
-    // A decode held for speech stops waiting as the prefill's own chunks would stop.
-    let held = || job.reply.is_closed() || job.cancel.is_cancelled() || queued();
+    // A decode held for speech stops waiting when the prefill is cancelled or nobody waits for
+    // it; not for a request queued behind it, which the same hold holds anyway.
+    let held = || job.reply.is_closed() || job.cancel.is_cancelled();
     let mut run = Run { ctx, seq, cache, model, cfg, compute, stop: &held };
     let result = prefill_ahead(&mut run, &job, queued).map_err(LlmError::from);
     let _ = job.reply.send(result);
@@ -1016,6 +1038,19 @@ fn log_softmax_at(logits: &[f32], ids: &[LlamaToken]) -> Vec<f32> {
     ids.iter().map(|t| logits[t.0 as usize] - lse).collect()
 }
 
+/// The most tokens a classify decodes after its prompt: two labels sharing their first `k`
+/// tokens are told apart after `k` decodes, unless one of them ends first (it wins there).
+fn shared_label_steps<T: PartialEq>(seqs: &[Vec<T>]) -> usize {
+    let mut most = 0;
+    for (i, a) in seqs.iter().enumerate() {
+        for b in &seqs[i + 1..] {
+            let shared = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+            most = most.max(shared.min(a.len().min(b.len()).saturating_sub(1)));
+        }
+    }
+    most
+}
+
 fn classify(
     run: &mut Run<'_, '_>,
     req: &ClassifyRequest,
@@ -1026,6 +1061,17 @@ fn classify(
         return Err(GenerateError::Prompt("no labels to choose from".into()));
     }
     let (tokens, _, _) = run.tokenize(&req.messages, &req.answer_prefix, false)?;
+    let vocab = run.model.model.vocab();
+    // Each label as it would continue the prompt: " Safe", " Unsafe", …
+    let seqs: Vec<Vec<LlamaToken>> = req.labels.iter().map(|l| vocab.tokenize(l.as_bytes(), false, false)).collect();
+    // A token that labels share is one more decode after the prompt: past the context it
+    // failed as an `engine` error (the slot's cache reset with it), where a `context_overflow`
+    // lets the runner shorten the checked text.
+    let steps = shared_label_steps(&seqs);
+    let n_ctx = run.ctx.n_ctx();
+    if tokens.len() + steps > n_ctx as usize {
+        return Err(GenerateError::ContextOverflow { role: run.cfg.role.clone(), prompt: tokens.len() + steps, n_ctx });
+    }
     if !req.reuse_cache {
         run.reset();
     }
@@ -1034,9 +1080,6 @@ fn classify(
     if pre.cancelled {
         return Err(GenerateError::Cancelled);
     }
-    let vocab = run.model.model.vocab();
-    // Each label as it would continue the prompt: " Safe", " Unsafe", …
-    let seqs: Vec<Vec<LlamaToken>> = req.labels.iter().map(|l| vocab.tokenize(l.as_bytes(), false, false)).collect();
     let mut alive: Vec<usize> = (0..seqs.len()).filter(|&i| !seqs[i].is_empty()).collect();
     // Labels that are all empty text once panicked the role's worker (a zombie role: loaded in
     // status, `no_model` for every request after).
@@ -1101,4 +1144,20 @@ fn classify(
         label_steps: extra,
         ms: t.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_label_steps;
+
+    /// The decodes a classify may add after its prompt, as its loop takes them.
+    #[test]
+    fn label_steps_count_shared_tokens_until_one_label_ends() {
+        assert_eq!(shared_label_steps(&[vec![1], vec![2], vec![3, 4]]), 0, "apart at once");
+        assert_eq!(shared_label_steps(&[vec![1, 2, 3], vec![1, 2, 4]]), 2);
+        assert_eq!(shared_label_steps(&[vec![1], vec![1, 2]]), 0, "the short one wins where it ends");
+        assert_eq!(shared_label_steps(&[vec![1, 2], vec![1, 2, 3]]), 1);
+        assert_eq!(shared_label_steps(&[vec![1, 5], vec![1, 2, 3], vec![1, 2, 4]]), 2);
+        assert_eq!(shared_label_steps::<u32>(&[]), 0);
+    }
 }

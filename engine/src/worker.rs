@@ -149,10 +149,10 @@ impl Drop for Worker {
 /// request), and the first turn does not pay for it.
 fn warm_up(ctx: &mut llama_cpp_2::context::LlamaContext<'_>, cfg: &RoleParams, compute: &crate::compute::Compute) {
     let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(1, 1);
-    let decoded = batch
-        .add(llama_cpp_2::token::LlamaToken::new(0), 0, &[0], true)
-        .map_err(|e| e.to_string())
-        .and_then(|()| compute.decode(&cfg.role, ctx, &mut batch, cfg.threads, &|| false).map_err(|e| e.to_string()));
+    let decoded =
+        batch.add(llama_cpp_2::token::LlamaToken::new(0), 0, &[0], true).map_err(|e| e.to_string()).and_then(|()| {
+            compute.decode(&cfg.role, ctx, &mut batch, cfg.threads, &|| false).map(drop).map_err(|e| e.to_string())
+        });
     if let Err(e) = decoded {
         tracing::debug!(role = cfg.role, "warm-up decode skipped: {e}");
     }
