@@ -120,8 +120,12 @@ impl Client {
             while let Some(f) = out_rx.recv().await {
                 if sink.send(f).await.is_err() {
                     // No request sent from now on can be written. Those waiting keep their
-                    // routes: what the daemon sent before it went is still to be read.
+                    // routes for a while: what the daemon sent before it went is still to be
+                    // read. Then they end: a socket still open (a write that failed for another
+                    // reason) would keep them waiting for answers to frames never sent.
                     writer_routes.lock().expect("routes lock").closed = true;
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                    writer_routes.lock().expect("routes lock").map.clear();
                     break;
                 }
             }
@@ -204,8 +208,10 @@ impl Client {
     /// would refuse to encode it, and its request would wait for an answer that never comes.
     fn fits(&self, frame: &Frame) -> Result<(), ClientError> {
         let max = self.limits().map_or(MAX_FRAME, |l| l.max_frame.min(MAX_FRAME));
-        match frame.size() {
-            len if len > max => Err(FrameError::TooLarge { len, max }.into()),
+        match frame {
+            // What the decoder makes of bytes it cannot read; never sent.
+            Frame::Invalid(_) => Err(ClientError::Unexpected("an invalid frame cannot be sent".into())),
+            _ if frame.size() > max => Err(FrameError::TooLarge { len: frame.size(), max }.into()),
             _ => Ok(()),
         }
     }
@@ -292,9 +298,11 @@ impl Client {
     }
 }
 
-/// A final `error` (or a `done`) with an id that this client cannot read, as the request's final
-/// error: a newer daemon's error code or stop reason. PROTOCOL §6: a client treats an unknown
-/// code as an error.
+/// An event with an id that this client cannot read (a newer daemon's error code, stop reason
+/// or model state) and that would end its request (a final `error`, `done`, `status`,
+/// `loaded`, `unloaded`), as the request's final error. PROTOCOL §6: a client treats an unknown
+/// code as an error. (A subscription that gets a `status` it cannot read ends with it: it
+/// could read none of the pushes that follow.)
 fn unreadable_end(frame: &[u8], why: &serde_json::Error) -> Option<(String, Event)> {
     let v: serde_json::Value = serde_json::from_slice(frame).ok()?;
     let id = v.get("id")?.as_str()?.to_string();
@@ -304,7 +312,7 @@ fn unreadable_end(frame: &[u8], why: &serde_json::Error) -> Option<(String, Even
             v.get("code").and_then(|c| c.as_str()).unwrap_or("?"),
             v.get("message").and_then(|m| m.as_str()).unwrap_or_default()
         ),
-        "done" => format!("a `done` this client cannot read: {why}"),
+        t @ ("done" | "status" | "loaded" | "unloaded") => format!("a `{t}` this client cannot read: {why}"),
         _ => return None,
     };
     let code = v.get("code").and_then(|c| serde_json::from_value(c.clone()).ok()).unwrap_or(ErrorCode::Engine);

@@ -94,6 +94,17 @@ async fn an_unknown_code_still_ends_its_request() {
     let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("the done never came");
     assert!(matches!(got, Some(Incoming::Event(Event::Error { is_final: true, .. }))), "{got:?}");
     assert_eq!(client.pending(), 0);
+
+    // A status with a model state this client does not know: `status()` is an error, not a
+    // wait for good.
+    let (status, ()) = tokio::join!(tokio::time::timeout(Duration::from_secs(5), client.status()), async {
+        let id = next_request(&mut framed).await;
+        let st =
+            serde_json::json!({"type": "status", "id": id, "status": {"models": [{"role": "x", "state": "sleeping"}]}});
+        framed.send(Frame::json(&st)).await.unwrap();
+    });
+    let status = status.expect("status waited for good");
+    assert!(matches!(status, Err(ClientError::Refused { code: ErrorCode::Engine, .. })), "{status:?}");
 }
 
 /// A socket that takes the connection and never answers `hello` is an error within the
