@@ -997,7 +997,7 @@ mod tests {
                      [[guard.rules]]\npattern = \"bomb\"\n\n[[guard.rules]] # the second\n\
                      categories = [\"Violent\"]\n";
         let e = parse(&format!("{rules}pattern = \"(\"\n")).unwrap_err().to_string();
-        assert!(e.starts_with("models.toml:10:") && e.contains("rule 1") && e.contains("pattern"), "{e}");
+        assert!(e.starts_with("models.toml:10:") && e.contains("rule 2") && e.contains("pattern"), "{e}");
         let e = parse(&format!("{rules}pattern = \"x\"\nlabel = \"Bad\"\n")).unwrap_err().to_string();
         assert!(e.starts_with("models.toml:11:") && e.contains("label"), "{e}");
         // No `en` refusal: the refusals' table.

@@ -435,9 +435,10 @@ impl Default for GuardPolicy {
 /// `rules` and its key), so that the config's error names the rule's line, not the section's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
-    #[error("rule {index}: pattern {pattern:?}: {reason}")]
+    /// `index`: the rule's place in `rules`, from 0 (the message counts from 1).
+    #[error("rule {}: pattern {pattern:?}: {reason}", index + 1)]
     Pattern { index: usize, pattern: String, reason: String },
-    #[error("rule {index}: label {label:?}: expected Unsafe, Controversial or Safe")]
+    #[error("rule {}: label {label:?}: expected Unsafe, Controversial or Safe", index + 1)]
     Label { index: usize, label: String },
     #[error("refusals: an `en` refusal is required (the fallback)")]
     NoFallback,

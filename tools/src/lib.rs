@@ -2,7 +2,6 @@
 
 pub mod questions;
 
-/// The median of a sample (the mean of the two middle values for an even count).
 /// A count of reps or rounds: 0 would leave the medians nothing (`median` panicked).
 pub fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -12,6 +11,7 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// The median of a sample (the mean of the two middle values for an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
     assert!(!v.is_empty(), "median of nothing");
     v.sort_by(|a, b| a.total_cmp(b));

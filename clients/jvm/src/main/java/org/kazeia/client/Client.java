@@ -252,9 +252,11 @@ public final class Client implements AutoCloseable {
     }
 
     /**
-     * Cancel a running request by id: one of this client's turns, or a turn of another connection
-     * of the same uid (as `kazeia cancel ID`). No answer on success; an unknown id gets an error
-     * unknown_request, given to {@link Options#onEvent} when the id is not one of this client's.
+     * Cancel a running request by id: one of this client's turns, or, when this connection never
+     * had a turn under that id, a turn of another connection of the same uid (as `kazeia cancel
+     * ID`). No answer on success, nor for a turn of this connection that has ended; an unknown id
+     * gets an error unknown_request, given to {@link Options#onEvent} when the id is not one of
+     * this client's.
      * An id outside PROTOCOL.md §4's rule (1 to 128 bytes of UTF-8, no control character) is
      * refused here: {@link IllegalArgumentException}.
      */
