@@ -25,7 +25,8 @@ type AudioTurns = Arc<Mutex<HashMap<String, AudioInput>>>;
 
 /// The ids of this connection's turns: running until their final event is queued (the
 /// supervisor forgets a turn just before: its leases go first), then among the latest
-/// `ENDED_KEPT` ended. Lock order: a connection's `audio` before its `turn_ids`. What the connection did under an id stays on the connection:
+/// `ENDED_KEPT` ended. Lock order: a connection's `audio` before its `turn_ids`. What the
+/// connection did under an id stays on the connection:
 /// - a new turn under an id whose final event has not left is `duplicate_id`: admitted in that
 ///   gap, its `accepted` came before the old turn's `done`, which the client took for its own;
 /// - a `cancel` of a turn of this connection that has ended is ignored: it looked among the
