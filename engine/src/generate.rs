@@ -276,6 +276,15 @@ impl Run<'_, '_> {
         let total = tokens.len() as u32;
         let mut decoded = 0u32;
         let mut logits_idx = 0;
+        // What this call did: `cancelled` when it stopped before the end (between two chunks, or
+        // held for speech: that chunk not decoded).
+        let prefilled = |decoded, logits_idx, cancelled| Prefilled {
+            decoded,
+            cached: keep as u32,
+            logits_idx,
+            cancelled,
+            secs: t.elapsed().as_secs_f64(),
+        };
         let mut ends = vec![tokens.len()];
         if let Some(m) = mark.filter(|&m| m >= 16 && m > keep && m < tokens.len()) {
             ends.insert(0, m);
@@ -290,13 +299,7 @@ impl Run<'_, '_> {
         for end in ends {
             for piece in tokens[start..end].chunks(chunk) {
                 if cancelled() {
-                    return Ok(Prefilled {
-                        decoded,
-                        cached: keep as u32,
-                        logits_idx,
-                        cancelled: true,
-                        secs: t.elapsed().as_secs_f64(),
-                    });
+                    return Ok(prefilled(decoded, logits_idx, true));
                 }
                 batch.clear();
                 let base = self.cache.seq(seq as usize).len();
@@ -309,15 +312,7 @@ impl Run<'_, '_> {
                 match self.compute.decode(&self.cfg.role, self.ctx, &mut batch, self.cfg.threads, self.stop) {
                     Ok(true) => {}
                     // Stopped while held for speech: the chunk was not decoded.
-                    Ok(false) => {
-                        return Ok(Prefilled {
-                            decoded,
-                            cached: keep as u32,
-                            logits_idx,
-                            cancelled: true,
-                            secs: t.elapsed().as_secs_f64(),
-                        })
-                    }
+                    Ok(false) => return Ok(prefilled(decoded, logits_idx, true)),
                     Err(e) => {
                         self.reset();
                         return Err(GenerateError::Decode { pos: base, reason: e.to_string() });
@@ -338,7 +333,7 @@ impl Run<'_, '_> {
             }
             start = end;
         }
-        Ok(Prefilled { decoded, cached: keep as u32, logits_idx, cancelled: false, secs: t.elapsed().as_secs_f64() })
+        Ok(prefilled(decoded, logits_idx, false))
     }
 
     /// Cells the other slots hold: a role with several shares its `n_ctx` cells among them (a
