@@ -208,10 +208,12 @@ impl Client {
     /// would refuse to encode it, and its request would wait for an answer that never comes.
     fn fits(&self, frame: &Frame) -> Result<(), ClientError> {
         let max = self.limits().map_or(MAX_FRAME, |l| l.max_frame.min(MAX_FRAME));
-        match frame {
-            // What the decoder makes of bytes it cannot read; never sent.
-            Frame::Invalid(_) => Err(ClientError::Unexpected("an invalid frame cannot be sent".into())),
-            _ if frame.size() > max => Err(FrameError::TooLarge { len: frame.size(), max }.into()),
+        // What the decoder makes of bytes it cannot read; never sent.
+        if let Frame::Invalid(_) = frame {
+            return Err(ClientError::Unexpected("an invalid frame cannot be sent".into()));
+        }
+        match frame.size() {
+            len if len > max => Err(FrameError::TooLarge { len, max }.into()),
             _ => Ok(()),
         }
     }

@@ -25,6 +25,16 @@ async fn accepted(listener: &UnixListener) -> Framed<UnixStream, FrameCodec> {
     framed
 }
 
+/// A client connected to a fake daemon on a socket in its own directory (kept while the test
+/// runs), and the daemon's side of the connection.
+async fn connected() -> (tempfile::TempDir, Client, Framed<UnixStream, FrameCodec>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (client, framed) = tokio::join!(Client::connect(&path, "test"), accepted(&listener));
+    (dir, client.unwrap(), framed)
+}
+
 /// The id of the next request the fake daemon reads.
 async fn next_request(framed: &mut Framed<UnixStream, FrameCodec>) -> String {
     match framed.next().await {
@@ -40,11 +50,7 @@ async fn next_request(framed: &mut Framed<UnixStream, FrameCodec>) -> String {
 /// still waiting, queued its frame, kept a route no reader would ever fill, and waited for good.
 #[tokio::test]
 async fn a_request_after_the_daemon_went_fails_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fake.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let (client, framed) = tokio::join!(Client::connect(&path, "test"), accepted(&listener));
-    let client = client.unwrap();
+    let (_dir, client, framed) = connected().await;
     drop(framed);
     // The reader sees the end of the stream; every request from then on fails.
     for _ in 0..200 {
@@ -65,11 +71,7 @@ async fn a_request_after_the_daemon_went_fails_at_once() {
 /// and their requests waited for good. A non-final one is still only dropped.
 #[tokio::test]
 async fn an_unknown_code_still_ends_its_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fake.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let (client, framed) = tokio::join!(Client::connect(&path, "test"), accepted(&listener));
-    let (client, mut framed) = (client.unwrap(), framed);
+    let (_dir, client, mut framed) = connected().await;
 
     let mut rx = client.send(Request::Status { id: client.new_id() }).await.unwrap();
     let id = next_request(&mut framed).await;
