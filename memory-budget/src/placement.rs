@@ -26,6 +26,15 @@ pub enum KvType {
 }
 
 impl KvType {
+    /// Its name in models.toml and in llama.cpp's tools (`-ctk`, `-ctv`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
     /// Bytes per block of 32 elements (f16: 2 B each; q8_0: 32 + a f16 scale; q4_0: 16 + 2).
     pub fn bytes_per_32(self) -> u64 {
         match self {

@@ -34,10 +34,10 @@ struct Args {
     #[arg(long)]
     kazeia: PathBuf,
     /// Rounds of the three variants (one new question each per round).
-    #[arg(long, default_value_t = 14, value_parser = kazeia_tools::at_least_one)]
+    #[arg(long, default_value_t = 14, value_parser = kazeia_tools::at_least_one())]
     rounds: usize,
     /// Questions asked both in a fresh process and in the warm engine.
-    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one)]
+    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one())]
     cold: usize,
     /// Order of the questions.
     #[arg(long, default_value_t = 1)]

@@ -29,7 +29,7 @@ struct Args {
     /// Where llama-bench's sources came from, printed with the results.
     #[arg(long, default_value = "")]
     reference: String,
-    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one)]
+    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one())]
     reps: usize,
     /// Prompt tokens for the prefill test.
     #[arg(long, default_value_t = 512)]
@@ -71,18 +71,13 @@ fn llama_bench_args(model: &Path, cfg: &ModelConfig, pp: u32, tg: u32) -> Vec<St
         ("-r", "1".into()),
         ("-o", "json".into()),
         // The role's KV cache types: llama-bench stays on f16 unless told.
-        ("-ctk", kv_name(serde_json::to_value(cfg.type_k))),
-        ("-ctv", kv_name(serde_json::to_value(cfg.type_v))),
+        ("-ctk", cfg.type_k.name().into()),
+        ("-ctv", cfg.type_v.name().into()),
     ] {
         a.push(k.into());
         a.push(v);
     }
     a
-}
-
-/// llama.cpp's name of a KV cache type: the config's own spelling (`f16`, `q8_0`, `q4_0`).
-fn kv_name(t: serde_json::Result<serde_json::Value>) -> String {
-    t.ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "f16".into())
 }
 
 /// One llama-bench run: (prefill tok/s, decode tok/s).

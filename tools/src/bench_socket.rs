@@ -34,7 +34,7 @@ struct Args {
     llama_server: PathBuf,
     #[arg(long, default_value = "")]
     reference: String,
-    #[arg(long, default_value_t = 7, value_parser = kazeia_tools::at_least_one)]
+    #[arg(long, default_value_t = 7, value_parser = kazeia_tools::at_least_one())]
     reps: usize,
     #[arg(long, default_value_t = 128)]
     max_tokens: u32,

@@ -38,7 +38,7 @@ use kazeia_tools::median;
 struct Args {
     #[arg(long, default_value = "models.toml")]
     config: PathBuf,
-    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one)]
+    #[arg(long, default_value_t = 5, value_parser = kazeia_tools::at_least_one())]
     reps: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,

@@ -39,7 +39,7 @@ struct Args {
     kazeia: PathBuf,
     #[arg(long)]
     llama_server: PathBuf,
-    #[arg(long, default_value_t = 3, value_parser = kazeia_tools::at_least_one)]
+    #[arg(long, default_value_t = 3, value_parser = kazeia_tools::at_least_one())]
     reps: usize,
     /// Three clips (a voice and language each), one rep (about a minute): test.sh runs this so
     /// the tool cannot break unseen.

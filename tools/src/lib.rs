@@ -2,13 +2,10 @@
 
 pub mod questions;
 
-/// A count of reps or rounds: 0 would leave the medians nothing (`median` panicked).
-pub fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        Ok(_) => Err("must be at least 1".into()),
-        Err(e) => Err(e.to_string()),
-    }
+/// A count of reps or rounds, clap's own range check: 0 would leave the medians nothing
+/// (`median` panicked).
+pub fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
 }
 
 /// The median of a sample (the mean of the two middle values for an even count).
