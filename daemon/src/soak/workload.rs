@@ -145,19 +145,15 @@ pub async fn client(plan: Arc<Plan>, next: Arc<AtomicU64>, counts: Arc<Counts>, 
                 let unloaded = request(&c, Request::Unload { id: c.new_id(), role: role.clone() }).await;
                 let loaded = request(&c, Request::Load { id: c.new_id(), role: role.clone() }).await;
                 let counted = match (unloaded, loaded) {
-                    (Event::Unloaded { .. }, Event::Loaded { .. }) => {
+                    // Unloaded then loaded; or another client's reload, or a load under the
+                    // budget, had unloaded it first (`no_model`), and the load still loaded it.
+                    (Event::Unloaded { .. } | Event::Error { code: ErrorCode::NoModel, .. }, Event::Loaded { .. }) => {
                         counts.reloads.fetch_add(1, Ordering::Relaxed);
                         &counts.done
                     }
                     // Another client's turn used the role: nothing was unloaded, so nothing was
                     // reloaded (the load answers `loaded` for a model already in place).
                     (Event::Error { code: ErrorCode::Busy, .. }, Event::Loaded { .. }) => &counts.busy,
-                    // Another client's reload, or a load under the budget, had unloaded it
-                    // first: the load still loaded it.
-                    (Event::Error { code: ErrorCode::NoModel, .. }, Event::Loaded { .. }) => {
-                        counts.reloads.fetch_add(1, Ordering::Relaxed);
-                        &counts.done
-                    }
                     (u, l) => {
                         tracing::warn!("reload of {role}: {u:?} then {l:?}");
                         counts.errors.fetch_add(1, Ordering::Relaxed);
